@@ -1,0 +1,12 @@
+"""Heuristic schedulers, each a :class:`~envs.serving.scheduling.Policy` over the shared interface.
+
+Named presets live in ``conf/policy/NAME.yaml`` (``_target_`` plus arguments).
+"""
+
+from baselines.adaptive import Adaptive
+from baselines.fixed_chunk import FixedChunk
+from baselines.prefill_first import PrefillFirst
+from baselines.sarathi import Sarathi
+
+__chunkgym__ = True
+__all__ = ["Adaptive", "FixedChunk", "PrefillFirst", "Sarathi"]

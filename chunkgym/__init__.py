@@ -1,0 +1,60 @@
+"""chunkgym: shared paths and the guard against same-named PyPI packages.
+
+The repository ships top-level packages named ``envs``, ``baselines``, ``policies``,
+``engine`` and ``calibration``.  ``envs`` and ``baselines`` also exist as unrelated
+packages on PyPI; if one of those shadows ours, :func:`require_own_packages` fails
+loudly instead of letting an import resolve to the wrong code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The repository root: configs, data paths and artefacts resolve relative to it."""
+
+OWN_PACKAGES = ("envs", "baselines", "policies", "engine", "calibration")
+
+DATA_ENV_VAR = "CHUNKGYM_DATA"
+DEFAULT_DATA_ROOT = "../shared/data"
+
+
+def resolve_path(path: str | os.PathLike[str]) -> Path:
+    """Resolve ``path`` against the repository root unless it is absolute."""
+    p = Path(os.path.expanduser(os.fspath(path)))
+    return p if p.is_absolute() else (REPO_ROOT / p).resolve()
+
+
+def data_root(path: str | os.PathLike[str] | None = None) -> Path:
+    """The data folder: ``path`` if given, else ``$CHUNKGYM_DATA``, else ``../shared/data``.
+
+    Relative paths resolve against the repository root, not the working directory,
+    so Hydra's run-directory changes never move the data.
+    """
+    if path is None:
+        path = os.environ.get(DATA_ENV_VAR, DEFAULT_DATA_ROOT)
+    return resolve_path(path)
+
+
+def require_own_packages() -> None:
+    """Fail with a clear message if a top-level name resolves to a foreign package."""
+    for name in OWN_PACKAGES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(
+                f"chunkgym could not import its package {name!r} ({exc}). Install chunkgym with "
+                f"`pip install -e .` from the repository root ({REPO_ROOT})."
+            ) from exc
+        if not getattr(module, "__chunkgym__", False):
+            where = getattr(module, "__file__", None) or list(getattr(module, "__path__", []))
+            raise ImportError(
+                f"`import {name}` resolved to {where}, which is not chunkgym's {name!r} package "
+                f"(expected under {REPO_ROOT}). An unrelated PyPI package named {name!r} is "
+                f"shadowing it: `pip uninstall {name}` and install chunkgym with `pip install -e .` "
+                f"from the repository root."
+            )

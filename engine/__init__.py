@@ -1,0 +1,3 @@
+"""engine package of chunkgym."""
+
+__chunkgym__ = True

@@ -1,0 +1,313 @@
+"""A Llama-style decoder in plain PyTorch with seeded random weights.
+
+RMSNorm, rotary position embeddings (rotate-half convention, configurable theta),
+grouped-query attention, SwiGLU MLP and an untied LM head.  Nothing is downloaded:
+weights are drawn from a seed, identically on any machine (see :func:`init_weights`).
+
+The model computes hidden states for a flat list of tokens.  How tokens attend to
+each other is delegated to an :class:`AttentionBackend`: the default is one causal
+sequence with no cache (the reference forward); ``engine.attention.PagedAttention``
+serves mixed batches over a paged KV cache.
+
+The LM head is untied on purpose: with random weights the residual stream stays close
+to the current token's embedding, so a tied head would score the input token highest
+and greedy decoding would repeat it forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from envs.serving.specs import ModelSpec, load_model, model_names
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of the decoder; weights come separately from a seed."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+    vocab_size: int
+    max_context: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"ModelConfig {self.name!r}: {f.name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"ModelConfig {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                f"num_heads {self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig {self.name!r}: num_heads {self.num_heads} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig {self.name!r}: head_dim {self.head_dim} must be even for RoPE")
+        if not (self.rope_theta > 1 and self.rms_eps > 0):
+            raise ValueError(f"ModelConfig {self.name!r}: need rope_theta > 1 and rms_eps > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_params(self) -> int:
+        """All weights: embedding, LM head, final norm and per layer Q/K/V/O, SwiGLU, two norms."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        layer = h * (h + 2 * kv) + h * h + 3 * h * self.ffn_size + 2 * h
+        return self.num_layers * layer + 2 * self.vocab_size * h + h
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, rope_theta: float = 10000.0) -> ModelConfig:
+        """The shapes of a ``conf/model`` entry (RoPE theta is not part of those files)."""
+        return cls(
+            name=spec.name,
+            num_layers=spec.num_layers,
+            hidden_size=spec.hidden_size,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            ffn_size=spec.ffn_size,
+            vocab_size=spec.vocab_size,
+            max_context=spec.max_context,
+            rope_theta=rope_theta,
+        )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Unit tests: ~0.15M parameters, every code path (GQA group 2) still exercised.
+    "tiny": ModelConfig("tiny", 2, 64, 4, 2, 128, 512, 4096),
+    # CPU trace replays: ~13M parameters (4.7M in the layers, 4.2M each embedding and head).
+    # Decode reads every weight but the embedding once per iteration and this VM streams
+    # ~6.5 GB/s, so ~36 MB of fp32 weights put decode at ~6 ms; timings from engine/profile.py.
+    "small": ModelConfig("small", 6, 256, 4, 1, 768, 16384, 16384),
+    # Llama-3.2-1B layer shapes (meta-llama/Llama-3.2-1B config.json), with an untied head.
+    "llama_1b": ModelConfig("llama_1b", 16, 2048, 32, 8, 8192, 128256, 131072, rope_theta=500000.0),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """An engine preset (``tiny``, ``small``, ``llama_1b``) or the shapes of any ``conf/model`` name."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if name in model_names():
+        return ModelConfig.from_spec(load_model(name))
+    raise ValueError(f"unknown model preset {name!r}; valid names: {', '.join(preset_names())}")
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS) + model_names()
+
+
+class AttentionBackend(Protocol):
+    """Attention of one layer over a flat batch of tokens; returns ``[T, num_heads, head_dim]``."""
+
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
+def causal_attention(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The reference: all tokens form one sequence, each attends to itself and those before it."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        is_causal=True,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Half-precision inputs are normalised in float32, as Llama does.
+        xf = x.float() if x.element_size() < 4 else x
+        return F.rms_norm(xf, (xf.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+
+
+class Rotary(nn.Module):
+    """Rotate-half RoPE with cos/sin tables for every position up to ``max_context``."""
+
+    def __init__(self, head_dim: int, theta: float, max_context: int) -> None:
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_context, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x`` of shape ``[T, heads, head_dim]`` by the angles of ``positions`` ``[T]``."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, attention: AttentionBackend) -> Tensor:
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        q = rotary(q.view(t, self.num_heads, d), positions)
+        k = rotary(k.view(t, self.num_kv_heads, d), positions)
+        out = attention(self.layer, q, k, v.view(t, self.num_kv_heads, d))
+        return self.o_proj(out.reshape(t, self.num_heads * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.attn = Attention(cfg, layer)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, attention: AttentionBackend) -> Tensor:
+        x = x + self.attn(self.input_norm(x), positions, rotary, attention)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class LlamaModel(nn.Module):
+    """Decoder over a flat token list; :meth:`forward` gives final hidden states, :meth:`logits` scores."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_context)
+
+    def forward(
+        self, token_ids: Tensor, positions: Tensor, attention: AttentionBackend = causal_attention
+    ) -> Tensor:
+        """Final-normed hidden states ``[T, hidden]`` of ``token_ids`` at ``positions`` (both ``[T]``)."""
+        x = self.embed(token_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, attention)
+        return self.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Scores over the vocabulary; half-precision models score in float32."""
+        out = self.lm_head(hidden)
+        return out.float() if out.element_size() < 4 else out
+
+    def reference_logits(self, token_ids: Tensor) -> Tensor:
+        """Logits at every position of one sequence by a plain causal forward, no cache."""
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+        return self.logits(self(token_ids, positions))
+
+
+def _std(name: str, cfg: ModelConfig) -> float | None:
+    """Init scale per weight; ``None`` means ones (norm gains).
+
+    Projections get ``1/sqrt(fan_in)`` so unit-RMS inputs give unit-RMS outputs; the two
+    that write into the residual stream are further divided by ``sqrt(2 * num_layers)``
+    so the stream's RMS stays O(1) after all layers.  Embeddings have unit entries, so
+    attention logits and LM-head logits are O(1) as well.
+    """
+    if name.endswith("norm.weight"):
+        return None
+    if name == "embed.weight":
+        return 1.0
+    residual = 1.0 / math.sqrt(2 * cfg.num_layers)
+    if name.endswith("o_proj.weight"):
+        return residual / math.sqrt(cfg.num_heads * cfg.head_dim)
+    if name.endswith("down_proj.weight"):
+        return residual / math.sqrt(cfg.ffn_size)
+    if name.endswith(("qkv_proj.weight", "gate_up_proj.weight", "lm_head.weight")):
+        return 1.0 / math.sqrt(cfg.hidden_size)
+    raise ValueError(f"engine/model.py: no init rule for parameter {name!r}")
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    """A 63-bit seed per (model seed, parameter name): tensors are independent of each other's shapes."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
+
+
+_INIT_CHUNK = 1 << 22
+
+
+@torch.no_grad()
+def init_weights(model: LlamaModel, seed: int) -> None:
+    """Fill every parameter from ``seed``; the same seed gives the same weights on any machine.
+
+    Values are uniform with the variance of :func:`_std`.  They are drawn in float64 by
+    torch's CPU Mersenne Twister, whose uniform draws are serial integer arithmetic
+    (no vectorised transcendental functions that differ between CPUs), then scaled by
+    one exact-rounded multiply and cast to the model's dtype and device in row chunks.
+    """
+    for name, param in model.named_parameters():
+        std = _std(name, model.config)
+        if std is None:
+            param.fill_(1.0)
+            continue
+        gen = torch.Generator().manual_seed(_tensor_seed(seed, name))
+        rows = param.view(param.shape[0], -1)
+        step = max(1, _INIT_CHUNK // rows.shape[1])
+        for r in range(0, rows.shape[0], step):
+            u = torch.rand(rows[r : r + step].shape, generator=gen, dtype=torch.float64)
+            rows[r : r + step].copy_((2.0 * u - 1.0) * (math.sqrt(3.0) * std))
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def build_model(
+    cfg: ModelConfig | str,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> LlamaModel:
+    """A model in eval mode with weights from ``seed`` (dtype defaults to :func:`default_dtype`)."""
+    cfg = preset(cfg) if isinstance(cfg, str) else cfg
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    # to_empty leaves the RoPE buffers uninitialised: rebuild them, tables in the model dtype.
+    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_context).to(device=device, dtype=dtype)
+    init_weights(model, seed)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,101 @@
+"""Observation features: a flat vector of normalised numbers describing the serving state.
+
+Computed from a :class:`~envs.serving.scheduling.View`, so the simulator, the env and
+the real engine produce identical features for identical states.  Each feature is
+squashed into [-1, 1] (log scales for token counts; ratios to the SLO bounds for
+times), which is what the Box observation space declares.  Cost: O(lookahead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from envs.serving.scheduling import View
+
+FEATURES_V0: tuple[tuple[str, str], ...] = (
+    ("decode_fraction", "requests decoding / max_num_seqs"),
+    ("queue_log", "log1p(queued prompts) / log1p(1024), clipped to 1"),
+    ("prefill_running_fraction", "prompts holding a slot mid-prefill / max_num_seqs"),
+    ("pending_prefill_log", "log1p(prefill tokens left over the lookahead) / log1p(2^20)"),
+    ("head_remaining_log", "log1p(tokens left of the oldest queued prompt) / log1p(2^17)"),
+    ("shortest_remaining_log", "log1p(fewest tokens left of any lookahead prompt) / log1p(2^17)"),
+    ("head_slack", "(oldest prompt's TTFT deadline - now) / its TTFT bound, in [-1, 1]"),
+    (
+        "min_slack",
+        "least (deadline - now - remaining * prefill s/token) / TTFT bound in lookahead, in [-1, 1]",
+    ),
+    ("doomed_fraction", "lookahead prompts already past their TTFT bound / lookahead size"),
+    ("oldest_age", "(now - oldest queued arrival) / its TTFT bound / 2, clipped to 1"),
+    ("decode_gap", "(now - last decode emission) / stall bound, clipped to 1; 0 without decodes"),
+    ("kv_free_fraction", "KV blocks free after the decodes' reservation / total"),
+    ("decode_context_log", "log1p(mean KV tokens per decoding request) / log1p(2^17)"),
+    ("last_latency", "last iteration's latency / TPOT bound / 4, clipped to 1"),
+    ("latency_ewma", "EWMA (alpha 0.1) of iteration latency / TPOT bound / 4, clipped to 1"),
+    ("arrival_load", "EWMA arrival rate (10 s) x prefill time of a 1k prompt / 4, clipped to 1"),
+)
+FEATURE_NAMES_V0 = tuple(name for name, _ in FEATURES_V0)
+
+_L1024 = math.log1p(1024)
+_L20 = math.log1p(2**20)
+_L17 = math.log1p(2**17)
+_SIGNED = {"head_slack", "min_slack"}
+LOW_V0 = np.array([-1.0 if n in _SIGNED else 0.0 for n in FEATURE_NAMES_V0], dtype=np.float32)
+HIGH_V0 = np.ones(len(FEATURE_NAMES_V0), dtype=np.float32)
+
+
+def features_v0(view: View) -> np.ndarray:
+    core = view.core
+    now = core.now
+    slo = core.slo
+    seqs = core.config.max_num_seqs
+    queue = core.queue
+    look = core.lookahead()
+    n_dec = core.decode.n
+    per_token = core.prefill_s_per_token
+
+    pending = 0
+    shortest = 0
+    min_slack = 1.0
+    doomed = 0
+    for r in look:
+        left = r.target - r.computed
+        pending += left
+        if not shortest or left < shortest:
+            shortest = left
+        slack = (r.deadline - now - per_token * left) / r.ttft_bound
+        if slack < min_slack:
+            min_slack = slack
+        doomed += r.violated
+    if queue:
+        head = queue[0]
+        head_left = head.target - head.computed
+        head_slack = (head.deadline - now) / head.ttft_bound
+        oldest_age = (now - min(r.arrival for r in look)) / head.ttft_bound / 2
+    else:
+        head_left, head_slack, oldest_age = 0, 1.0, 0.0
+    kv = core.kv
+    dec = core.decode
+    raw = np.array(
+        (
+            n_dec / seqs,
+            math.log1p(len(queue)) / _L1024,
+            core.n_running_prefill / seqs,
+            math.log1p(pending) / _L20,
+            math.log1p(head_left) / _L17,
+            math.log1p(shortest) / _L17,
+            head_slack,
+            min_slack,
+            doomed / len(look) if look else 0.0,
+            oldest_age,
+            (now - dec.last_time) / slo.stall_s if n_dec else 0.0,
+            (kv.free - core.decode_block_need()) / kv.total,
+            math.log1p(dec.context_sum(dec.clock) / n_dec) / _L17 if n_dec else 0.0,
+            core.last_latency / slo.tpot_s / 4,
+            core.latency_ewma / slo.tpot_s / 4,
+            core.arrival_rate() * per_token * 1024 / 4,
+        ),
+        dtype=np.float32,
+    )
+    return np.clip(raw, LOW_V0, HIGH_V0, out=raw)

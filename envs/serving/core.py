@@ -1,0 +1,445 @@
+"""The serving state machine shared by the simulator and the real engine.
+
+Per iteration the driver (``Simulator`` or the engine) calls::
+
+    core.prepare(now)             # admit arrivals, keep the decodes' KV room (preempting)
+    plan = policy.plan(core.view)
+    batch = core.begin(plan)      # validate the plan, allocate KV
+    ...execute the batch: cost model or real forward pass -> t_end...
+    core.end(batch, t_end)        # progress, token emissions, finishes, SLO bookkeeping
+
+Decoding requests form one *decode group* that steps together (plans step all
+decodes or none), so a decode iteration costs O(1) Python work however many users
+stream: the group keeps a decode clock, the end time of every decode iteration, and
+aggregates (members, summed KV, KV-block phases).  A member's token times are the
+decode end times over its clock range, so every token's time is exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.serving.cost_model import CostModel
+from envs.serving.kv_cache import BlockManager
+from envs.serving.metrics import SLO, meets_slo, stall_of, tpot_of
+from envs.serving.request import Request, Status
+from envs.serving.scheduling import Plan, View
+
+RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
+LATENCY_EWMA_ALPHA = 0.1
+
+
+@dataclass
+class ServingConfig:
+    """Engine settings that are not the model or the hardware."""
+
+    block_size: int = 16  # tokens per KV block (vLLM's default)
+    max_num_seqs: int = 256  # batch slots: requests decoding or prefilling at once
+    max_model_len: int = 0  # longest prompt + output accepted; 0 = the model's max context
+    activation_reserve_gib: float = 8.0  # per device, kept out of the KV cache
+    lookahead: int = 64  # queued prompts the allocation rules may reorder
+    num_blocks: int = 0  # KV blocks; 0 = from memory (see specs.kv_capacity_tokens)
+
+
+@dataclass
+class Batch:
+    """What one iteration computes, as the executor needs it."""
+
+    num_decode: int
+    decode_context: int  # KV tokens the decodes attend to, summed
+    chunks: list[tuple[Request, int, int]]  # (request, query tokens, tokens already in KV)
+    decode_members: list[Request] | None = None  # filled for executors that need them (the engine)
+
+
+class DecodeGroup:
+    """Every request in its decode phase, stepped together."""
+
+    def __init__(self, block_size: int) -> None:
+        self.bs = block_size
+        self.clock = 0  # decode iterations run so far
+        self.n = 0
+        self._offset = 0  # sum over members of (kv0 - join clock)
+        self.phase = [0] * block_size  # members per (kv0 - join) mod block_size
+        self.members: dict[int, Request] = {}  # rid -> request, in join order
+        self.finish_heap: list[tuple[int, int, int, Request]] = []  # (finish clock, rid, join, req)
+        self.end: list[float] = []  # end time of each decode iteration, indexed by decode clock
+        self.last_time = -math.inf
+        self.joiners: list[Request] = []  # joined since the last decode iteration
+
+    def context_sum(self, clock: int) -> int:
+        """KV tokens all members attend to in the decode iteration at ``clock``."""
+        return self._offset + self.n * (clock + 1)
+
+    def block_need(self, clock: int) -> int:
+        """New KV blocks the members need for the decode iteration at ``clock``."""
+        return self.phase[-clock % self.bs] if self.n else 0
+
+    def join(self, req: Request) -> None:
+        req.status = Status.DECODING
+        req.decode_join = j = self.clock
+        req.decode_kv0 = kv0 = req.computed
+        self.n += 1
+        self._offset += kv0 - j
+        self.phase[(kv0 - j) % self.bs] += 1
+        self.members[req.rid] = req
+        remaining = req.output_len - req.generated
+        heapq.heappush(self.finish_heap, (j + remaining, req.rid, j, req))
+        self.joiners.append(req)
+
+    def leave(self, req: Request) -> int:
+        """Remove ``req``; records its decode tokens; returns its KV tokens now."""
+        j, kv0 = req.decode_join, req.decode_kv0
+        steps = self.clock - j
+        self.n -= 1
+        self._offset -= kv0 - j
+        self.phase[(kv0 - j) % self.bs] -= 1
+        del self.members[req.rid]
+        if steps:
+            req.emissions.append((j, self.clock))
+            req.generated += steps
+        if req in self.joiners:
+            self.joiners.remove(req)
+        return kv0 + steps
+
+    def pop_finished(self) -> list[Request]:
+        done = []
+        heap = self.finish_heap
+        while heap and heap[0][0] <= self.clock:
+            _, _, j, req = heapq.heappop(heap)
+            if req.status is Status.DECODING and req.decode_join == j:
+                done.append(req)
+        return done
+
+    def next_finish(self) -> int:
+        """Decode clock at which the next member finishes (skipping stale heap entries)."""
+        heap = self.finish_heap
+        while heap:
+            _, _, j, req = heap[0]
+            if req.status is Status.DECODING and req.decode_join == j:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return 1 << 62
+
+
+class ServingCore:
+    """Queues, KV cache, decode group and SLO bookkeeping of one serving instance."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        kv: BlockManager,
+        cost_model: CostModel,
+        slo: SLO,
+        config: ServingConfig,
+        max_model_len: int,
+    ) -> None:
+        self.requests = requests  # every request of the run, in arrival order
+        self.kv = kv
+        self.cost_model = cost_model
+        self.slo = slo
+        self.config = config
+        self.max_model_len = max_model_len
+        self.now = 0.0
+        self.queue: list[Request] = []
+        self.decode = DecodeGroup(kv.block_size)
+        self.next_arrival = 0  # index into requests of the next arrival not yet admitted
+        self.finished: list[Request] = []
+        self.rejected: list[Request] = []
+        self.token_times: dict[int, np.ndarray] = {}
+        self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
+        self.n_bad = 0  # requests known to miss it (as soon as it is known)
+        self.n_running_prefill = 0  # queued requests holding a batch slot
+        self.preemptions = 0
+        self._preempt_seq = 0
+        self._start_seq = 0
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self.last_latency = 0.0
+        self.latency_ewma = 0.0
+        self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
+        self._rate_t = 0.0
+        self.view = View(self)
+        # Seconds per prefill token on an idle engine (LEAST_SLACK's estimate), from a 1k prompt.
+        self.prefill_s_per_token = cost_model.prefill_time_alone(1024) / 1024
+
+    # ---- arrivals ------------------------------------------------------------------------
+    def admit_arrivals(self) -> None:
+        reqs, i, now = self.requests, self.next_arrival, self.now
+        while i < len(reqs) and reqs[i].arrival <= now:
+            self._admit(reqs[i])
+            i += 1
+        self.next_arrival = i
+
+    def arrival_rate(self) -> float:
+        """Arrivals per second, exponentially weighted over the last ~RATE_TAU_S seconds."""
+        return self._rate * math.exp((self._rate_t - self.now) / RATE_TAU_S)
+
+    def next_arrival_time(self) -> float:
+        i = self.next_arrival
+        return self.requests[i].arrival if i < len(self.requests) else math.inf
+
+    def _admit(self, req: Request) -> None:
+        self._rate = self._rate * math.exp((self._rate_t - req.arrival) / RATE_TAU_S) + 1.0 / RATE_TAU_S
+        self._rate_t = req.arrival
+        total = req.prompt_len + req.output_len
+        if total > self.max_model_len:
+            return self._reject(
+                req, f"prompt+output {total} tokens exceeds max_model_len {self.max_model_len}"
+            )
+        blocks = self.kv.blocks_for(total - 1)
+        if blocks > self.kv.total:
+            return self._reject(
+                req, f"needs {blocks} KV blocks at full length, the cache holds {self.kv.total}"
+            )
+        req.ttft_bound = self.slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
+        req.deadline = req.arrival + req.ttft_bound
+        heapq.heappush(self._deadlines, (req.deadline, req.rid, req))
+        self._match_prefix(req)
+        req.prefix_hit = req.computed
+        self.queue.append(req)
+
+    def _reject(self, req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self.rejected.append(req)
+        self._violate(req)
+
+    def _match_prefix(self, req: Request) -> None:
+        """Reuse cached prefix units (pinned while the request waits); leave >= 1 token to compute."""
+        if req.hash_ids is None or not self.kv.unit_tokens:
+            return
+        u = self.kv.unit_tokens
+        units = self.kv.match(req.hash_ids, (req.target - 1) // u)
+        self.kv.acquire(units)
+        req.prefix_units = units
+        req.computed = len(units) * u
+
+    # ---- per-iteration -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.queue) or self.decode.n > 0
+
+    def done(self) -> bool:
+        return not self.has_work() and self.next_arrival >= len(self.requests)
+
+    def prepare(self) -> None:
+        """Admit arrivals up to now and make room for the decodes' next step."""
+        self.admit_arrivals()
+        while self.decode_block_need() > self.kv.free:
+            self._preempt_one()
+        if not self.decode.n and self.queue and not self._can_progress():
+            self._free_for_progress()
+
+    def _can_progress(self) -> bool:
+        """Whether some queued prompt could compute a token with the free KV blocks."""
+        free, slots = self.kv.free, self.free_slots()
+        return any((r.running or slots > 0) and self.tokens_fitting(r, free) > 0 for r in self.lookahead())
+
+    def _free_for_progress(self) -> None:
+        """With no decodes to finish and free memory, partial prefills could wait on each other forever.
+
+        Release memory until some prompt can move: first prefix blocks pinned by idle
+        queued prompts (newest first), then preempt running prefills (latest started first).
+        """
+        for req in reversed(self.queue):
+            if not req.running and req.prefix_units:
+                self.kv.release_units(req.prefix_units)
+                req.prefix_units = []
+                req.computed = 0
+                if self._can_progress():
+                    return
+        while not self._can_progress():
+            self._preempt_one()
+
+    def decode_block_need(self) -> int:
+        return self.decode.block_need(self.decode.clock)
+
+    def free_slots(self) -> int:
+        return self.config.max_num_seqs - self.decode.n - self.n_running_prefill
+
+    def lookahead(self) -> list[Request]:
+        return self.queue[: self.config.lookahead]
+
+    def blocks_needed(self, req: Request, tokens: int) -> int:
+        bs = self.kv.block_size
+        c = req.computed
+        return -(-(c + tokens) // bs) - -(-c // bs)
+
+    def tokens_fitting(self, req: Request, free_blocks: int) -> int:
+        """The most prefill tokens of ``req`` whose KV fits in ``free_blocks`` more blocks."""
+        bs, c = self.kv.block_size, req.computed
+        return max(0, min(req.target - c, (-(-c // bs) + free_blocks) * bs - c))
+
+    def begin(self, plan: Plan) -> Batch:
+        """Validate ``plan`` against the state and allocate its KV; the batch to execute."""
+        dec = self.decode
+        run_decode = plan.decode and dec.n > 0
+        if not plan.chunks and not run_decode:
+            raise ValueError(
+                f"empty plan at t={self.now:.6f}s with {len(self.queue)} queued prompts and "
+                f"{dec.n} decodes: a policy must schedule some work while work is pending"
+            )
+        free = self.kv.free
+        if run_decode:
+            need = dec.block_need(dec.clock)
+            self.kv.allocate(need)
+            free -= need
+        slots = self.free_slots()
+        chunks = []
+        seen = set()
+        for req, n in plan.chunks:
+            if req.status is not Status.WAITING or req.rid in seen:
+                raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
+            if not 1 <= n <= req.target - req.computed:
+                raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - req.computed} left")
+            need = self.blocks_needed(req, n)
+            if need > free:
+                raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
+            if not req.running:
+                if slots <= 0:
+                    raise ValueError(
+                        f"plan starts {req!r} but all {self.config.max_num_seqs} slots are taken"
+                    )
+                slots -= 1
+                self._start(req)
+            seen.add(req.rid)
+            self.kv.allocate(need)
+            free -= need
+            chunks.append((req, n, req.computed))
+        return Batch(dec.n if run_decode else 0, dec.context_sum(dec.clock) if run_decode else 0, chunks)
+
+    def _start(self, req: Request) -> None:
+        req.running = True
+        self.n_running_prefill += 1
+        req.start_order = self._start_seq
+        self._start_seq += 1
+        if req.first_scheduled < 0:
+            req.first_scheduled = self.now
+
+    def end(self, batch: Batch, t_end: float) -> None:
+        """Apply the executed batch at time ``t_end``: tokens, finishes, SLO bookkeeping."""
+        self.observe_time(t_end)
+        if batch.num_decode:
+            self._decode_step(t_end)
+        for req, n, _ in batch.chunks:
+            req.computed += n
+            if req.hash_ids is not None and self.kv.unit_tokens:
+                self._publish_units(req)
+            if req.computed == req.target:
+                self._prefill_done(req, t_end)
+        if self._deadlines and self._deadlines[0][0] < t_end:
+            self._expire_deadlines()
+
+    def observe_time(self, t_end: float) -> None:
+        """Advance the clock to the end of an iteration, tracking recent latencies."""
+        self.last_latency = latency = t_end - self.now
+        self.latency_ewma += LATENCY_EWMA_ALPHA * (latency - self.latency_ewma)
+        self.now = t_end
+
+    def _decode_step(self, t_end: float) -> None:
+        """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""
+        dec = self.decode
+        dec.end.append(t_end)
+        stall = self.slo.stall_s
+        joiners = dec.joiners
+        if t_end - dec.last_time > stall:  # every member but the joiners last emitted at last_time
+            for req in dec.members.values():
+                if not req.violated and req not in joiners:
+                    self._violate(req)
+        for req in joiners:  # a joiner last emitted when its prefill finished
+            if not req.violated and t_end - req.emissions[-1] > stall:
+                self._violate(req)
+        dec.joiners = []
+        dec.last_time = t_end
+        dec.clock += 1
+        for req in dec.pop_finished():
+            self.finish(req, dec.leave(req))
+
+    def _publish_units(self, req: Request) -> None:
+        """Cache every full prompt unit this request has now computed."""
+        u = self.kv.unit_tokens
+        units = req.prefix_units
+        limit = min(min(req.computed, req.prompt_len) // u, len(req.hash_ids))
+        while len(units) < limit:
+            uid = int(req.hash_ids[len(units)])
+            if not self.kv.publish(uid):
+                break  # someone else cached it meanwhile: keep our private copy from here on
+            units.append(uid)
+
+    def _prefill_done(self, req: Request, t: float) -> None:
+        self.queue.remove(req)
+        self.n_running_prefill -= 1
+        req.running = False
+        req.emissions.append(t)
+        req.generated += 1
+        if req.generated == 1 and not req.violated and t - req.arrival > req.ttft_bound:
+            self._violate(req)
+        if req.generated >= req.output_len:
+            self.finish(req, req.computed)
+        else:
+            self.decode.join(req)
+
+    def finish(self, req: Request, kv_tokens: int) -> None:
+        req.status = Status.FINISHED
+        self._release(req, kv_tokens)
+        times = req.token_times(self.decode.end)
+        self.token_times[req.rid] = times
+        self.finished.append(req)
+        if not req.violated:
+            if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req.ttft_bound, self.slo):
+                self.n_good += 1
+            else:
+                self._violate(req)
+
+    def _release(self, req: Request, kv_tokens: int) -> None:
+        kv = self.kv
+        kv.release(kv.blocks_for(kv_tokens) - len(req.prefix_units) * kv.unit_blocks)
+        kv.release_units(req.prefix_units)
+        req.prefix_units = []
+
+    def _violate(self, req: Request) -> None:
+        req.violated = True
+        self.n_bad += 1
+
+    def _expire_deadlines(self) -> None:
+        """Requests still without a first token past their TTFT bound are known to miss it."""
+        now, heap = self.now, self._deadlines
+        while heap and heap[0][0] < now:
+            _, _, req = heapq.heappop(heap)
+            if req.generated == 0 and req.status is Status.WAITING and not req.violated:
+                if now - req.arrival > req.ttft_bound:
+                    self._violate(req)
+                else:  # rounding put the deadline a hair early: look again next iteration
+                    heapq.heappush(heap, (now, req.rid, req))
+                    break
+
+    # ---- preemption ----------------------------------------------------------------------
+    def _preempt_one(self) -> None:
+        """Preempt, for recompute, the running request that started last (vLLM's choice)."""
+        running = [*self.decode.members.values(), *(r for r in self.queue if r.running)]
+        if not running:
+            raise RuntimeError("the decodes need KV blocks but no running request is left to preempt")
+        victim = max(running, key=_start_order)
+        if victim.status is Status.DECODING:
+            kv_tokens = self.decode.leave(victim)
+        else:
+            kv_tokens = victim.computed
+            self.queue.remove(victim)
+            self.n_running_prefill -= 1
+        self._release(victim, kv_tokens)
+        victim.status = Status.WAITING
+        victim.running = False
+        victim.target = victim.prompt_len + victim.generated
+        victim.computed = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self._preempt_seq += 1
+        victim.seq = -self._preempt_seq
+        self._match_prefix(victim)
+        self.queue.insert(0, victim)
+
+
+def _start_order(req: Request) -> int:
+    return req.start_order

@@ -1,0 +1,377 @@
+"""Iteration latency as a function of the batch's composition.
+
+One functional form serves every backend.  An iteration of ``T`` batched tokens over
+``S`` sequences takes the longer of the host's and the device's work::
+
+    T_iter = max(cpu, gpu)
+    cpu    = cpu_fixed + cpu_prefill * [any prefill chunk] + cpu_per_seq * S
+    gpu    = iter_fixed + head_fixed + head_per_seq * S
+             + iter_per_token * T + iter_per_token_above * max(T - iter_knee_tokens, 0)
+             + L * ( linear(T) + n_allreduce * allreduce(T)
+                     + sum_i prefill_attention(q_i, c_i) + decode_attention(n_decode, context_sum) )
+
+* ``cpu`` is the host-side floor of an eager engine: it launches every kernel of the
+  iteration, so when the device work is shorter than the launches, the launches set the
+  pace (zero for an engine that replays CUDA graphs, and in the v0).
+* ``linear(T)`` is the time of one layer's non-attention ops (norms, QKV/O projections,
+  RoPE, SwiGLU MLP, residual add) on ``T`` tokens, roofline-shaped::
+
+      lin_fixed + lin_elementwise * T + lin_mem + lin_per_token * max(T - lin_knee, 0)
+      + sum of lin_steps heights whose threshold < T
+
+  a launch term, element-wise ops, the GEMMs' weight reads (memory-bound below the knee)
+  and their compute above it, plus non-negative steps where a GEMM needs one more row
+  tile or wave.  Every coefficient is >= 0, so it never falls as ``T`` grows; beyond the
+  profiled range it continues as a straight line.  With ``lin_knee = lin_mem /
+  lin_per_token`` this is ``lin_fixed + max(lin_mem, lin_per_token * T)``, the textbook
+  roofline; a fitted knee lies further out because GEMMs near the knee run below peak.
+* ``prefill_attention(q, c)`` for a chunk of ``q`` query tokens over ``c`` tokens already
+  cached: causal FLOPs, i.e. ``q * (c + (q + 1) / 2)`` query-key pairs, times a fitted
+  cost per pair, plus a per-chunk cost.
+* ``decode_attention(n, C)`` for ``n`` decoding sequences holding ``C`` cached tokens in
+  all: bytes of KV read, i.e. a fitted cost per cached token, plus a per-sequence cost.
+* ``allreduce(T)``: two per layer under tensor parallelism, zero at ``tp = 1``.
+* ``iter_per_token`` terms are per-token engine costs outside the layers.
+
+:class:`RooflineCostModel` evaluates it from :class:`CostParams`, which come either
+from datasheet numbers (:func:`roofline_params`, the uncalibrated v0) or from a fitted
+coefficient file in ``conf/cost/`` (:func:`load_cost_model`; written by ``python -m
+calibration``).  Any other :class:`CostModel` can be swapped in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from envs.serving.specs import CONF_DIR, HardwareSpec, ModelSpec
+
+COST_DIR = CONF_DIR / "cost"
+
+
+class CostModel(ABC):
+    """Predicts the wall time of one engine iteration from what the batch holds."""
+
+    @abstractmethod
+    def iteration_time(
+        self,
+        num_decode: int,
+        decode_context: int,
+        prefill_tokens: Sequence[int],
+        prefill_context: Sequence[int],
+    ) -> float:
+        """Seconds for one iteration.
+
+        Args:
+            num_decode: decoding sequences in the batch (one query token each).
+            decode_context: their cached tokens summed (what decode attention reads).
+            prefill_tokens: query tokens of each prefill chunk.
+            prefill_context: tokens already cached for each chunk's sequence
+                (prefix-cache hits plus earlier chunks), same order.
+        """
+
+    @abstractmethod
+    def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
+        """Seconds of decode-only iterations, vectorised over ``decode_context``."""
+
+    def prefill_time_alone(self, prompt_tokens: int) -> float:
+        """Seconds to prefill one prompt in a single iteration on an idle engine."""
+        return self.iteration_time(0, 0, (prompt_tokens,), (0,))
+
+
+Steps = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Coefficients of the shared functional form; every time is in seconds.
+
+    ``lin_*`` and ``attn_*`` and ``allreduce_*`` are per layer; the rest per iteration.
+    ``lin_steps`` holds ``(tokens, seconds)`` pairs, thresholds strictly increasing: the
+    layer takes ``seconds`` longer once it has more than ``tokens`` tokens.
+    """
+
+    num_layers: int
+    lin_fixed_s: float
+    lin_mem_s: float
+    lin_s_per_token: float
+    lin_knee_tokens: float
+    attn_prefill_s_per_pair: float
+    attn_prefill_fixed_s: float
+    attn_decode_s_per_token: float
+    attn_decode_fixed_s: float
+    allreduce_count: int
+    allreduce_fixed_s: float
+    allreduce_s_per_token: float
+    iter_fixed_s: float
+    head_fixed_s: float
+    head_s_per_seq: float
+    lin_elementwise_s_per_token: float = 0.0
+    lin_steps: Steps = ()
+    iter_s_per_token: float = 0.0
+    iter_s_per_token_above: float = 0.0
+    iter_knee_tokens: int = 0
+    cpu_fixed_s: float = 0.0
+    cpu_prefill_s: float = 0.0
+    cpu_s_per_seq: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "lin_steps":
+                _check_number(f.name, getattr(self, f.name), integer=f.type == "int")
+        if self.num_layers < 1:
+            raise ValueError(f"cost parameter 'num_layers' must be >= 1, got {self.num_layers}")
+        steps = tuple(tuple(step) for step in self.lin_steps)
+        for i, step in enumerate(steps):
+            if len(step) != 2:
+                raise ValueError(f"cost parameter 'lin_steps'[{i}] must be a (tokens, seconds) pair, got {step!r}")
+            _check_number(f"lin_steps[{i}] tokens", step[0], integer=True)
+            _check_number(f"lin_steps[{i}] seconds", step[1], integer=False)
+        thresholds = [t for t, _ in steps]
+        if any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
+            raise ValueError(f"cost parameter 'lin_steps' thresholds must increase strictly, got {thresholds}")
+        object.__setattr__(self, "lin_steps", steps)
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str) -> CostParams:
+        """Build from a YAML mapping, naming ``source`` and the field on any bad value.
+
+        Stricter than :func:`envs.serving.specs.from_mapping`: no type coercion (a quoted
+        number is an error), and ``lin_steps`` is a list of ``[tokens, seconds]`` pairs.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: 'params' must be a mapping, got {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"{source}: unknown cost parameter(s) {unknown}; valid: {sorted(fields)}")
+        missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{source}: missing cost parameter(s) {missing}")
+        steps = data.get("lin_steps", ())
+        if not isinstance(steps, list | tuple):
+            raise ValueError(f"{source}: cost parameter 'lin_steps' must be a list of [tokens, seconds] pairs")
+        try:
+            return cls(**{**data, "lin_steps": tuple(tuple(s) if isinstance(s, list) else s for s in steps)})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from exc
+
+
+def _check_number(name: str, value: Any, integer: bool) -> None:
+    kinds = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        kind = "an integer" if integer else "a finite number"
+        raise ValueError(f"cost parameter {name!r} must be {kind}, got {value!r}")
+    if value < 0:
+        raise ValueError(f"cost parameter {name!r} must be >= 0, got {value!r}")
+
+
+class RooflineCostModel(CostModel):
+    """Evaluates the shared form for one (hardware, model, tp) from :class:`CostParams`.
+
+    Plain Python floats throughout: the simulator calls :meth:`iteration_time` about
+    100k times per run, so no numpy on scalars.
+    """
+
+    def __init__(self, params: CostParams, description: str = "") -> None:
+        self.params = params
+        self.description = description
+        p = params
+        self._layers = p.num_layers
+        self._gpu_const = p.iter_fixed_s + p.head_fixed_s
+        self._per_seq = p.head_s_per_seq
+        self._tok = p.iter_s_per_token
+        self._tok_above = p.iter_s_per_token_above
+        self._knee = p.iter_knee_tokens
+        self._lin_fixed = p.lin_fixed_s + p.lin_mem_s + p.allreduce_count * p.allreduce_fixed_s
+        self._lin_tok = p.lin_elementwise_s_per_token + p.allreduce_count * p.allreduce_s_per_token
+        self._slope = p.lin_s_per_token
+        self._knee_lin = p.lin_knee_tokens
+        self._step_at = [t for t, _ in p.lin_steps]
+        self._step_sum = [0.0]
+        for _, height in p.lin_steps:
+            self._step_sum.append(self._step_sum[-1] + height)
+        self._pair = p.attn_prefill_s_per_pair
+        self._chunk = p.attn_prefill_fixed_s
+        self._dec_seq = p.attn_decode_fixed_s
+        self._dec_tok = p.attn_decode_s_per_token
+        self._cpu = p.cpu_fixed_s
+        self._cpu_prefill = p.cpu_prefill_s
+        self._cpu_seq = p.cpu_s_per_seq
+
+    def linear_time(self, num_tokens: int) -> float:
+        """One layer's non-attention ops plus its all-reduces, for ``num_tokens`` tokens."""
+        if num_tokens <= 0:
+            return 0.0
+        t = self._lin_fixed + self._lin_tok * num_tokens
+        if num_tokens > self._knee_lin:
+            t += self._slope * (num_tokens - self._knee_lin)
+        if self._step_at:
+            t += self._step_sum[bisect.bisect_left(self._step_at, num_tokens)]
+        return t
+
+    def _engine_time(self, tokens: int, seqs: int) -> float:
+        t = self._gpu_const + self._per_seq * seqs + self._tok * tokens
+        if tokens > self._knee:
+            t += self._tok_above * (tokens - self._knee)
+        return t
+
+    def iteration_time(
+        self,
+        num_decode: int,
+        decode_context: int,
+        prefill_tokens: Sequence[int],
+        prefill_context: Sequence[int],
+    ) -> float:
+        tokens = num_decode
+        attn = 0.0
+        if num_decode:
+            attn = self._dec_seq * num_decode + self._dec_tok * decode_context
+        if prefill_tokens:
+            pair, chunk = self._pair, self._chunk
+            for q, c in zip(prefill_tokens, prefill_context, strict=True):
+                tokens += q
+                attn += chunk + pair * q * (c + 0.5 * (q + 1))
+        if tokens <= 0:
+            return 0.0
+        seqs = num_decode + len(prefill_tokens)
+        gpu = self._engine_time(tokens, seqs) + self._layers * (self.linear_time(tokens) + attn)
+        cpu = self._cpu + self._cpu_seq * seqs + (self._cpu_prefill if prefill_tokens else 0.0)
+        return gpu if gpu > cpu else cpu
+
+    def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
+        context = np.asarray(decode_context, dtype=np.float64)
+        if num_decode <= 0:
+            return np.zeros_like(context)
+        base = self._engine_time(num_decode, num_decode)
+        base += self._layers * (self.linear_time(num_decode) + self._dec_seq * num_decode)
+        gpu = base + (self._layers * self._dec_tok) * context
+        return np.maximum(gpu, self._cpu + self._cpu_seq * num_decode)
+
+
+def roofline_params(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int = 1,
+    compute_efficiency: float = 0.6,
+    bandwidth_efficiency: float = 0.8,
+    iteration_overhead_s: float = 2e-3,
+) -> CostParams:
+    """Uncalibrated v0 coefficients from datasheet peaks and nominal efficiencies.
+
+    The defaults are round numbers (60% of peak FLOP/s, 80% of peak bandwidth, 2 ms of
+    scheduling and launch overhead), not fits: use a calibrated file where one exists.
+    """
+    flops = hardware.peak_flops * compute_efficiency
+    bw = hardware.hbm_bandwidth * bandwidth_efficiency
+    layer_bytes = model.layer_params * model.dtype_bytes / tp
+    heads = model.num_heads / tp
+    kv_layer_bytes = 2 * model.num_kv_heads * model.head_dim * model.dtype_bytes / tp
+    hidden_bytes = model.hidden_size * model.dtype_bytes
+    allreduce = tp > 1
+    # A ring all-reduce moves 2 (tp - 1) / tp of the message over the interconnect.
+    ar_bytes_per_token = 2 * (tp - 1) / tp * hidden_bytes if allreduce else 0.0
+    lin_mem_s = layer_bytes / bw
+    lin_s_per_token = 2 * model.layer_params / tp / flops
+    return CostParams(
+        num_layers=model.num_layers,
+        lin_fixed_s=20e-6,
+        lin_mem_s=lin_mem_s,
+        lin_s_per_token=lin_s_per_token,
+        lin_knee_tokens=lin_mem_s / lin_s_per_token,
+        attn_prefill_s_per_pair=4 * heads * model.head_dim / flops,
+        attn_prefill_fixed_s=5e-6,
+        attn_decode_s_per_token=kv_layer_bytes / bw,
+        attn_decode_fixed_s=1e-7,
+        allreduce_count=2 if allreduce else 0,
+        allreduce_fixed_s=10e-6 if allreduce else 0.0,
+        allreduce_s_per_token=ar_bytes_per_token / hardware.interconnect_bandwidth,
+        iter_fixed_s=iteration_overhead_s,
+        head_fixed_s=model.vocab_size * model.hidden_size * model.dtype_bytes / tp / bw,
+        head_s_per_seq=2 * model.vocab_size * model.hidden_size / tp / flops,
+    )
+
+
+# ---- coefficient files ---------------------------------------------------------------------
+
+COST_FILE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "hardware": str,
+    "model": str,
+    "tp": int,
+    "derived": bool,
+    "source": str,
+    "params": dict,
+    "fit": dict,
+}
+"""Top-level fields every coefficient file must have, with their YAML types."""
+
+
+def cost_file_name(hardware: str, model: str, tp: int) -> str:
+    return f"{hardware}__{model}__tp{tp}.yaml"
+
+
+def read_cost_file(path: str | Path) -> dict[str, Any]:
+    """Parse and validate a coefficient file; ``params`` becomes a :class:`CostParams`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"cost coefficient file not found: {path}")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    missing = [name for name in COST_FILE_FIELDS if name not in data]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {missing}")
+    for name, kind in COST_FILE_FIELDS.items():
+        value = data[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{path}: field {name!r} must be {kind.__name__}, got {value!r}")
+    return {**data, "params": CostParams.from_mapping(data["params"], source=f"{path}: params")}
+
+
+def load_cost_model(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int = 1,
+    kind: str = "calibrated",
+    path: str | Path | None = None,
+) -> CostModel:
+    """The cost model for ``model`` on ``tp`` x ``hardware``.
+
+    ``kind="calibrated"`` loads ``conf/cost/<hardware>__<model>__tp<tp>.yaml``;
+    ``kind="roofline"`` returns the uncalibrated v0; ``path`` loads any coefficient file
+    (e.g. an engine profiled on ``cpu``) and overrides ``kind``.  The file's hardware,
+    model, tp and layer count must match the arguments.
+    """
+    if path is None:
+        if kind == "roofline":
+            return RooflineCostModel(roofline_params(model, hardware, tp), f"roofline v0 {hardware.name}")
+        if kind != "calibrated":
+            raise ValueError(f"unknown cost model kind {kind!r}; valid: 'calibrated', 'roofline'")
+        path = COST_DIR / cost_file_name(hardware.name, model.name, tp)
+        if not path.is_file():
+            available = sorted(p.name for p in COST_DIR.glob("*.yaml"))
+            raise FileNotFoundError(
+                f"no calibrated cost model for {model.name} on {tp} x {hardware.name}: {path} is absent; "
+                f"available in {COST_DIR}: {', '.join(available) or 'none'}"
+            )
+    data = read_cost_file(path)
+    expected = {"hardware": hardware.name, "model": model.name, "tp": tp}
+    for name, value in expected.items():
+        if data[name] != value:
+            raise ValueError(f"{path}: field {name!r} is {data[name]!r}, but {value!r} was asked for")
+    params: CostParams = data["params"]
+    if params.num_layers != model.num_layers:
+        raise ValueError(
+            f"{path}: params.num_layers is {params.num_layers}, but {model.name} has {model.num_layers} layers"
+        )
+    origin = "derived" if data["derived"] else "calibrated"
+    return RooflineCostModel(params, f"{origin} {hardware.name} {model.name} tp{tp}: {data['source']}")

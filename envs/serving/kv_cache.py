@@ -1,0 +1,116 @@
+"""Paged KV-cache accounting with prefix caching, for the serving core.
+
+The simulator never touches tensors, so blocks are counted, not addressed: a request
+holds some *private* blocks (its own KV) and references some *shared units*, each a
+prefix block of the trace's hash granularity (Mooncake hashes 512-token blocks), made
+of ``unit_blocks`` KV blocks.  A unit is published into the cache once a request has
+computed it; later requests whose hash ids match reuse it.  Units nobody references
+stay cached but evictable, in LRU order, and count as free.
+
+Invariant (checked by :meth:`check`): private + units in use + units cached-free + empty
+= total blocks, with free = empty + cached-free.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, unit_tokens: int = 0) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        if unit_tokens and unit_tokens % block_size:
+            raise ValueError(
+                f"prefix hash blocks of {unit_tokens} tokens are not a whole number of "
+                f"{block_size}-token KV blocks"
+            )
+        self.total = num_blocks
+        self.block_size = block_size
+        self.unit_tokens = unit_tokens
+        self.unit_blocks = unit_tokens // block_size if unit_tokens else 0
+        self.empty = num_blocks
+        self.private = 0
+        self._refs: dict[int, int] = {}  # unit hash id -> references (> 0: in use)
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
+        self.evictions = 0
+
+    # ---- capacity -----------------------------------------------------------------
+    @property
+    def free(self) -> int:
+        """Blocks that can be handed out now (empty ones plus evictable cached units)."""
+        return self.empty + len(self._evictable) * self.unit_blocks
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _make_room(self, blocks: int) -> None:
+        while self.empty < blocks:
+            if not self._evictable:
+                raise RuntimeError(f"KV cache over-committed: need {blocks} blocks, {self.free} free")
+            uid, _ = self._evictable.popitem(last=False)
+            del self._refs[uid]
+            self.empty += self.unit_blocks
+            self.evictions += 1
+
+    # ---- private blocks -------------------------------------------------------------
+    def allocate(self, blocks: int) -> None:
+        if blocks:
+            self._make_room(blocks)
+            self.empty -= blocks
+            self.private += blocks
+
+    def release(self, blocks: int) -> None:
+        self.private -= blocks
+        self.empty += blocks
+
+    # ---- shared prefix units --------------------------------------------------------
+    def match(self, hash_ids, max_units: int) -> list[int]:
+        """The longest run of cached units at the start of ``hash_ids``, at most ``max_units``."""
+        hits = []
+        refs = self._refs
+        for uid in hash_ids[:max_units]:
+            uid = int(uid)
+            if uid not in refs:
+                break
+            hits.append(uid)
+        return hits
+
+    def acquire(self, uids: list[int]) -> None:
+        """Reference cached units (pinning them against eviction)."""
+        for uid in uids:
+            n = self._refs[uid]
+            if n == 0:
+                del self._evictable[uid]
+            self._refs[uid] = n + 1
+
+    def publish(self, uid: int) -> bool:
+        """Turn ``unit_blocks`` of the caller's private blocks into cached unit ``uid``.
+
+        Returns False, changing nothing, when ``uid`` is cached already (another request
+        computed the same prefix meanwhile): the caller keeps its private copy.
+        """
+        if uid in self._refs:
+            return False
+        self._refs[uid] = 1
+        self.private -= self.unit_blocks
+        return True
+
+    def release_units(self, uids: list[int]) -> None:
+        for uid in uids:
+            n = self._refs[uid] - 1
+            self._refs[uid] = n
+            if n == 0:
+                self._evictable[uid] = None
+
+    def check(self) -> None:
+        in_use = sum(1 for n in self._refs.values() if n > 0)
+        cached_free = len(self._evictable)
+        assert in_use + cached_free == len(self._refs)
+        accounted = self.private + (in_use + cached_free) * self.unit_blocks + self.empty
+        assert accounted == self.total, f"KV blocks not conserved: {accounted} != {self.total}"
+        assert self.empty >= 0 and self.private >= 0

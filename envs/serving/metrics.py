@@ -1,0 +1,319 @@
+"""SLOs and serving metrics: the one definition every part of chunkgym uses.
+
+Per request (token times ``t[0..n-1]``, arrival ``a``, first scheduled ``s``):
+
+* TTFT = ``t[0] - a``
+* TPOT = ``(t[-1] - t[0]) / (n - 1)``; a 1-token output meets any TPOT bound
+* stall = the largest gap between consecutive tokens, ``max(diff(t))`` (0 for 1 token)
+* scheduling delay = ``s - a``
+
+A request meets its SLO when TTFT <= its TTFT bound, TPOT <= the TPOT bound and
+stall <= the stall bound.  The TTFT bound is ``max(base, factor * prefill time of the
+prompt run alone)``; the TPOT bound follows Sarathi-Serve's rule, a multiple (strict 5x,
+relaxed 25x) of the decode-iteration latency at batch 32 with 4k context; the stall
+bound is a multiple of the TPOT bound.  Rejected requests never meet their SLO.
+
+System level: ``goodput_rps`` = requests meeting SLO / span of the arrival window;
+``slo_attainment`` = fraction of all requests (rejected included) meeting SLO;
+percentiles use numpy's default (linear) interpolation; TBT pools every token gap of
+every request.  The capacity search is :func:`capacity_search`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from envs.serving.cost_model import CostModel
+from envs.serving.specs import CONF_DIR, from_mapping
+
+BUCKET_EDGES = (0, 1024, 4096, 16384, 65536)
+BUCKET_LABELS = ("[0,1k)", "[1k,4k)", "[4k,16k)", "[16k,64k)", "[64k,inf)")
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    """An SLO recipe (``conf/slo/NAME.yaml``); :meth:`resolve` turns it into bounds."""
+
+    name: str
+    tpot_multiplier: float
+    ttft_base_s: float
+    ttft_factor: float
+    stall_factor: float = 5.0
+    reference_batch: int = 32
+    reference_context: int = 4096
+
+    def resolve(self, cost_model: CostModel) -> SLO:
+        ref = float(
+            cost_model.decode_times(
+                self.reference_batch, np.array([self.reference_batch * self.reference_context])
+            )[0]
+        )
+        tpot = self.tpot_multiplier * ref
+        return SLO(self.name, tpot, self.stall_factor * tpot, self.ttft_base_s, self.ttft_factor, ref)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Resolved bounds, in seconds, for one model on one hardware."""
+
+    name: str
+    tpot_s: float
+    stall_s: float
+    ttft_base_s: float
+    ttft_factor: float
+    reference_decode_s: float
+
+    def ttft_bound(self, prefill_alone_s: float) -> float:
+        return max(self.ttft_base_s, self.ttft_factor * prefill_alone_s)
+
+
+def slo_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "slo").glob("*.yaml"))
+
+
+def load_slo(name: str) -> SLOSpec:
+    import yaml
+
+    path = CONF_DIR / "slo" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown slo {name!r}; valid names: {', '.join(slo_names())}")
+    return from_mapping(SLOSpec, yaml.safe_load(path.read_text()), source=str(path))
+
+
+# ---- per request -----------------------------------------------------------------------
+def ttft_of(times: np.ndarray, arrival: float) -> float:
+    return float(times[0] - arrival)
+
+
+def tpot_of(times: np.ndarray) -> float:
+    n = len(times)
+    return float((times[-1] - times[0]) / (n - 1)) if n > 1 else 0.0
+
+
+def stall_of(times: np.ndarray) -> float:
+    return float(np.max(np.diff(times))) if len(times) > 1 else 0.0
+
+
+def meets_slo(ttft: float, tpot: float, stall: float, ttft_bound: float, slo: SLO) -> bool:
+    return ttft <= ttft_bound and tpot <= slo.tpot_s and stall <= slo.stall_s
+
+
+@dataclass
+class RequestOutcomes:
+    """Per-request results of a run (one row per request of the window, rejected included)."""
+
+    arrival: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    finished: np.ndarray  # bool
+    reject_reason: list[str]
+    ttft: np.ndarray  # NaN where not finished
+    tpot: np.ndarray
+    stall: np.ndarray
+    sched_delay: np.ndarray
+    ttft_bound: np.ndarray
+    good: np.ndarray  # bool
+    gaps: list[np.ndarray] = field(repr=False)  # every request's token gaps (empty if none)
+    prefix_hit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    preemptions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def from_token_times(
+        cls,
+        arrival: Sequence[float],
+        prompt_len: Sequence[int],
+        output_len: Sequence[int],
+        token_times: Sequence[np.ndarray | None],
+        first_scheduled: Sequence[float],
+        ttft_bound: Sequence[float],
+        slo: SLO,
+        reject_reason: Sequence[str] | None = None,
+        prefix_hit: Sequence[int] | None = None,
+        preemptions: Sequence[int] | None = None,
+    ) -> RequestOutcomes:
+        """Apply the definitions above; ``token_times[i] is None`` for a rejected request.
+
+        Vectorised over all requests; the arithmetic is the per-request functions' own
+        (``ttft_of``, ``tpot_of``, ``stall_of``), so both give bit-identical numbers.
+        """
+        n = len(arrival)
+        arrival_a = np.asarray(arrival, dtype=np.float64)
+        lens = np.array([0 if t is None else len(t) for t in token_times], dtype=np.int64)
+        finished = lens > 0
+        flat = np.concatenate([t for t in token_times if t is not None and len(t)] or [np.empty(0)])
+        stops = np.cumsum(lens)
+        starts = stops - lens
+        ttft, tpot, stall, delay = (np.full(n, np.nan) for _ in range(4))
+        fin = np.flatnonzero(finished)
+        first, last = flat[starts[fin]], flat[stops[fin] - 1]
+        ttft[fin] = first - arrival_a[fin]
+        many = lens[fin] > 1
+        tpot[fin] = np.where(many, (last - first) / np.maximum(lens[fin] - 1, 1), 0.0)
+        diffs = np.diff(flat)
+        gaps = [diffs[a : b - 1] if b - a > 1 else np.empty(0) for a, b in zip(starts, stops, strict=True)]
+        stall[fin] = [g.max() if len(g) else 0.0 for g in (gaps[i] for i in fin)]
+        delay[fin] = np.asarray(first_scheduled, dtype=np.float64)[fin] - arrival_a[fin]
+        bounds = np.asarray(ttft_bound, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            good = finished & (ttft <= bounds) & (tpot <= slo.tpot_s) & (stall <= slo.stall_s)
+        return cls(
+            arrival=arrival_a,
+            prompt_len=np.asarray(prompt_len, dtype=np.int64),
+            output_len=np.asarray(output_len, dtype=np.int64),
+            finished=finished,
+            reject_reason=list(reject_reason) if reject_reason is not None else [""] * n,
+            ttft=ttft,
+            tpot=tpot,
+            stall=stall,
+            sched_delay=delay,
+            ttft_bound=bounds,
+            good=good,
+            gaps=gaps,
+            prefix_hit=np.asarray(prefix_hit if prefix_hit is not None else np.zeros(n), dtype=np.int64),
+            preemptions=np.asarray(preemptions if preemptions is not None else np.zeros(n), dtype=np.int64),
+        )
+
+    def subset(self, mask: np.ndarray) -> RequestOutcomes:
+        idx = np.flatnonzero(mask)
+        return RequestOutcomes(
+            arrival=self.arrival[idx],
+            prompt_len=self.prompt_len[idx],
+            output_len=self.output_len[idx],
+            finished=self.finished[idx],
+            reject_reason=[self.reject_reason[i] for i in idx],
+            ttft=self.ttft[idx],
+            tpot=self.tpot[idx],
+            stall=self.stall[idx],
+            sched_delay=self.sched_delay[idx],
+            ttft_bound=self.ttft_bound[idx],
+            good=self.good[idx],
+            gaps=[self.gaps[i] for i in idx],
+            prefix_hit=self.prefix_hit[idx],
+            preemptions=self.preemptions[idx],
+        )
+
+
+# ---- system level ------------------------------------------------------------------------
+def pct(values: np.ndarray, q: float) -> float:
+    """Percentile ``q`` (0-100) with linear interpolation; NaN for no values."""
+    values = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def request_summary(out: RequestOutcomes, span_s: float) -> dict[str, float]:
+    """Request-level system metrics over a window of ``span_s`` seconds of arrivals."""
+    n = len(out.arrival)
+    fin = out.finished
+    gaps = np.concatenate(out.gaps) if out.gaps else np.empty(0)
+    multi = fin & (out.output_len > 1)
+    n_good = int(out.good.sum())
+    return {
+        "requests": n,
+        "finished": int(fin.sum()),
+        "rejected": int(sum(1 for r in out.reject_reason if r)),
+        "goodput_rps": n_good / span_s if span_s > 0 else math.nan,
+        "slo_attainment": n_good / n if n else math.nan,
+        "ttft_p50_s": pct(out.ttft[fin], 50),
+        "ttft_p95_s": pct(out.ttft[fin], 95),
+        "ttft_p99_s": pct(out.ttft[fin], 99),
+        "tpot_p50_s": pct(out.tpot[multi], 50),
+        "tpot_p95_s": pct(out.tpot[multi], 95),
+        "tpot_p99_s": pct(out.tpot[multi], 99),
+        "tbt_p50_s": pct(gaps, 50),
+        "tbt_p95_s": pct(gaps, 95),
+        "tbt_p99_s": pct(gaps, 99),
+        "max_tbt_s": float(gaps.max()) if len(gaps) else math.nan,
+        "sched_delay_p50_s": pct(out.sched_delay[fin], 50),
+        "max_sched_delay_s": float(np.nanmax(out.sched_delay)) if fin.any() else math.nan,
+        "preemptions": int(out.preemptions.sum()),
+        "prefix_hit_rate": float(out.prefix_hit.sum() / out.prompt_len.sum()) if n else math.nan,
+    }
+
+
+def bucket_summaries(out: RequestOutcomes) -> list[dict[str, float | str]]:
+    """Per prompt-length bucket (raw prompt length): attainment, TTFT and TBT percentiles."""
+    rows = []
+    edges = (*BUCKET_EDGES, np.inf)
+    for label, lo, hi in zip(BUCKET_LABELS, edges[:-1], edges[1:], strict=True):
+        sub = out.subset((out.prompt_len >= lo) & (out.prompt_len < hi))
+        s = request_summary(sub, span_s=1.0)
+        rows.append(
+            {
+                "bucket": label,
+                "requests": s["requests"],
+                "slo_attainment": s["slo_attainment"],
+                **{k: s[k] for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")},
+                **{k: s[k] for k in ("tbt_p50_s", "tbt_p95_s", "tbt_p99_s")},
+                "max_sched_delay_s": s["max_sched_delay_s"],
+            }
+        )
+    return rows
+
+
+# ---- capacity ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CapacityResult:
+    """Highest passing load scale (0 when even ``min_scale`` fails) and the final bracket."""
+
+    scale: float
+    bracket: tuple[float, float]
+    evaluations: tuple[tuple[float, bool], ...]
+
+
+def capacity_search(
+    passes: Callable[[float], bool],
+    start: float = 1.0,
+    rel_tol: float = 0.01,
+    min_scale: float = 1 / 64,
+    max_scale: float = 1024.0,
+) -> CapacityResult:
+    """The highest load scale at which ``passes(scale)`` holds, by bracketing then bisection.
+
+    Doubles (or halves) from ``start`` until a passing and a failing scale bracket the
+    boundary, then bisects until ``(hi - lo) / lo <= rel_tol``.  Returns scale 0 with
+    bracket ``(0, min_scale)`` when even the lowest load fails, and ``max_scale`` with
+    bracket ``(max_scale, inf)`` when even the highest passes.
+    """
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
+    seen: list[tuple[float, bool]] = []
+
+    def check(scale: float) -> bool:
+        ok = bool(passes(scale))
+        seen.append((scale, ok))
+        return ok
+
+    if check(start):
+        lo, hi = start, start * 2
+        while check(hi):
+            lo, hi = hi, hi * 2
+            if lo >= max_scale:
+                return CapacityResult(lo, (lo, math.inf), tuple(seen))
+    else:
+        lo, hi = start / 2, start
+        while not check(lo):
+            lo, hi = lo / 2, lo
+            if lo < min_scale:
+                return CapacityResult(0.0, (0.0, hi), tuple(seen))
+    while (hi - lo) / lo > rel_tol:
+        mid = 0.5 * (lo + hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return CapacityResult(lo, (lo, hi), tuple(seen))
+
+
+def attain90(summary: dict[str, float]) -> bool:
+    """DistServe's capacity criterion: at least 90% of requests meet their SLO."""
+    return summary["slo_attainment"] >= 0.9
+
+
+def tbt_criterion(summary: dict[str, float], tpot_bound_s: float, max_median_delay_s: float = 2.0) -> bool:
+    """Sarathi-Serve's criterion: P99 TBT within the TPOT bound, median scheduling delay <= 2 s."""
+    tbt, delay = summary["tbt_p99_s"], summary["sched_delay_p50_s"]
+    return (math.isnan(tbt) or tbt <= tpot_bound_s) and not delay > max_median_delay_s

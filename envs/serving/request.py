@@ -1,0 +1,110 @@
+"""A request's lifecycle state, as the scheduler and the metrics see it.
+
+Like nano-vllm's ``Sequence``: one small object per request, mutated only by the
+serving core (``envs.serving.core``).  Policies read it through the view; they must
+not mutate it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class Status(IntEnum):
+    WAITING = 0  # queued for prefill: not started, partly prefilled, or preempted
+    DECODING = 1  # prefill done, streaming tokens in the decode group
+    FINISHED = 2
+    REJECTED = 3
+
+
+class Request:
+    """One request.  Token bookkeeping, in tokens of KV cache:
+
+    * ``target``: tokens this request must have in KV before it can emit its next
+      token: the prompt, or prompt + generated tokens after a preemption (recompute).
+    * ``computed``: tokens already in KV (prefix-cache hits count), ``<= target``.
+    * ``generated``: output tokens emitted so far, ``<= output_len``.
+    """
+
+    __slots__ = (
+        "rid",
+        "arrival",
+        "prompt_len",
+        "output_len",
+        "hash_ids",
+        "status",
+        "reject_reason",
+        "target",
+        "computed",
+        "generated",
+        "prefix_hit",
+        "prefix_units",
+        "start_order",
+        "ttft_bound",
+        "deadline",
+        "violated",
+        "first_scheduled",
+        "emissions",
+        "decode_join",
+        "decode_kv0",
+        "preemptions",
+        "seq",
+        "running",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        arrival: float,
+        prompt_len: int,
+        output_len: int,
+        hash_ids: np.ndarray | None = None,
+    ) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.hash_ids = hash_ids
+        self.status = Status.WAITING
+        self.reject_reason = ""
+        self.target = prompt_len
+        self.computed = 0
+        self.generated = 0
+        self.prefix_hit = 0  # prompt tokens served from the prefix cache at first admission
+        self.prefix_units: list[int] = []  # hash ids of the shared cache units this request holds
+        self.start_order = -1  # when it last got a batch slot: preemption takes the latest first
+        self.ttft_bound = 0.0
+        self.deadline = 0.0  # arrival + ttft_bound
+        self.violated = False  # SLO already known to be missed
+        self.first_scheduled = -1.0
+        # Emitted token times, as pieces: a float (a token at that time) or a
+        # (start, stop) range of decode-clock indices (one token per decode iteration).
+        self.emissions: list[float | tuple[int, int]] = []
+        self.decode_join = -1  # decode clock of this request's first decode iteration
+        self.decode_kv0 = 0  # KV tokens held when it joined the decode group
+        self.preemptions = 0
+        self.seq = rid  # queue order key: arrival order, preempted requests jump ahead
+        self.running = False  # holds a batch slot: got a prefill chunk since its (re)admission
+
+    @property
+    def remaining_prefill(self) -> int:
+        """Tokens still to compute before the next token can be emitted."""
+        return self.target - self.computed
+
+    def token_times(self, decode_end: list[float]) -> np.ndarray:
+        """Every emitted token's time, in order, from the emission pieces."""
+        times: list[float] = []
+        for p in self.emissions:
+            if isinstance(p, float):
+                times.append(p)
+            else:
+                times.extend(decode_end[p[0] : p[1]])
+        return np.array(times)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(rid={self.rid}, status={self.status.name}, prompt={self.prompt_len}, "
+            f"output={self.output_len}, computed={self.computed}/{self.target}, generated={self.generated})"
+        )

@@ -1,0 +1,192 @@
+"""Workloads: named request streams with time-disjoint splits, seeded windows and load scaling.
+
+A workload is one ``conf/workload/NAME.yaml`` (:class:`WorkloadSpec`) or any supported trace file
+(``file:PATH``). It hands out :class:`Trace` objects: a whole split (train/val/test = 60/20/20 of
+the source by time, by row for length-only files) or a seeded window of one. Times are seconds,
+rebased to the window start and divided by ``rate_scale * load_scale``, so load scaling compresses
+or stretches inter-arrival times and nothing else. Same (spec, split, seed, load_scale) -> the same
+arrays, bit for bit. Run ``python -m envs.serving.workload [--split S --seed N]`` for per-workload window statistics
+(and the median cost of one ``window()`` call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+import chunkgym
+from envs.serving.specs import CONF_DIR
+from envs.serving.workloads import synthetic
+from envs.serving.workloads.files import read_rows, sniff_format
+from envs.serving.workloads.lengths import LengthSource
+from envs.serving.workloads.renewal import Renewal, check_seed
+from envs.serving.workloads.servegen import ServeGenSource, load_day
+from envs.serving.workloads.spec import WorkloadSpec
+from envs.serving.workloads.timed import TimedSource, infer_slot_s
+from envs.serving.workloads.trace import SPLITS, Source, Trace, TraceError
+
+__all__ = ["SPLITS", "Trace", "TraceError", "Workload", "WorkloadSpec", "load_workload", "workload_names"]
+
+WORKLOAD_DIR = CONF_DIR / "workload"
+FILE_PREFIX = "file:"
+DEFAULT_FILE_RATE = 4.0
+"""Requests/s of the Poisson arrivals paired with a length-only file opened by path."""
+
+
+def workload_names() -> list[str]:
+    """Names of the workloads in ``conf/workload``."""
+    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
+
+
+def load_workload(name_or_path: str, data_root: str | os.PathLike[str] | None = None) -> Workload:
+    """``"NAME"`` (a config in ``conf/workload``) or ``"file:PATH"`` (any supported trace file)."""
+    if name_or_path.startswith(FILE_PREFIX):
+        return Workload.from_path(name_or_path[len(FILE_PREFIX) :], data_root)
+    return Workload.from_name(name_or_path, data_root)
+
+
+class Workload:
+    """One workload's request source; parsing is cached per file, windows are cheap."""
+
+    def __init__(self, spec: WorkloadSpec, data_root: str | os.PathLike[str] | None = None):
+        if not isinstance(spec, WorkloadSpec):
+            raise TypeError(f"expected a WorkloadSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self._source: Source = _open_source(spec, data_root)
+        self.source: str = self._source.source
+
+    @classmethod
+    def from_name(cls, name: str, data_root: str | os.PathLike[str] | None = None) -> Workload:
+        path = WORKLOAD_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(workload_names())}")
+        spec = WorkloadSpec.from_mapping(yaml.safe_load(path.read_text()), source=str(path))
+        if spec.name != name:
+            raise ValueError(f"{path}: field 'name' is {spec.name!r}, expected the file's name {name!r}")
+        return cls(spec, data_root)
+
+    @classmethod
+    def from_path(cls, path: str, data_root: str | os.PathLike[str] | None = None) -> Workload:
+        """Any supported trace file, its format inferred from content; relative paths are tried
+        against the working directory, then the data root."""
+        resolved = _find_file(path, data_root)
+        fmt = sniff_format(resolved)
+        extra: dict[str, float] = {}
+        if fmt == "lengths":
+            extra["base_rate"] = DEFAULT_FILE_RATE
+        elif fmt == "mooncake":
+            extra["slot_jitter_s"] = infer_slot_s(read_rows(resolved, fmt).times)
+        spec = WorkloadSpec(name=f"{FILE_PREFIX}{path}", format=fmt, path=str(resolved), **extra)
+        return cls(spec, data_root)
+
+    def split(self, split: str, seed: int = 0, load_scale: float = 1.0) -> Trace:
+        """The whole ``split`` ("train", "val", "test" or "all")."""
+        return self._scaled(self._source.extract(split, check_seed(seed), None), load_scale)
+
+    def window(self, split: str, seed: int, load_scale: float = 1.0, window_s: float | None = None) -> Trace:
+        """``window_s`` trace seconds of ``split`` (default ``spec.window_s``) at a ``seed``-chosen
+        start; the whole split when it is shorter."""
+        window_s = self.spec.window_s if window_s is None else float(window_s)
+        if not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+        return self._scaled(self._source.extract(split, check_seed(seed), window_s), load_scale)
+
+    def _scaled(self, trace: Trace, load_scale: float) -> Trace:
+        if not (load_scale > 0 and math.isfinite(load_scale)):
+            raise ValueError(f"load_scale must be a positive number, got {load_scale!r}")
+        factor = self.spec.rate_scale * load_scale
+        return dataclasses.replace(trace, arrival_s=trace.arrival_s / factor, span_s=trace.span_s / factor)
+
+    def __repr__(self) -> str:
+        return f"Workload({self.spec.name!r}, source={self.source!r})"
+
+
+def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
+    p = Path(path).expanduser()
+    tried = [p] if p.is_absolute() else [Path.cwd() / p, chunkgym.data_root(root) / p]
+    for candidate in tried:
+        if candidate.exists():
+            return candidate.resolve()
+    raise TraceError(path, f"trace file not found (tried {', '.join(map(str, tried))})")
+
+
+def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Source:
+    """The split/window provider for ``spec``: a file reader, or the synthetic stand-in."""
+    if spec.format == "synthetic":
+        return _synthetic(spec, spec.base_rate or None)
+    base = chunkgym.data_root(root)
+    path = Path(spec.path).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.exists():
+        if spec.allow_synthetic:
+            return _synthetic(spec, None)
+        raise TraceError(
+            path,
+            f"data file of workload {spec.name!r} not found (data root {base}). Point {chunkgym.DATA_ENV_VAR} "
+            f"or data_root at the data folder, or set allow_synthetic: true to use the synthetic "
+            f"stand-in fitted on Azure conv",
+        )
+    source = f"file:{path}"
+    if spec.format == "servegen":
+        return ServeGenSource(spec.name, source, load_day(path))
+    rows = read_rows(path, spec.format)
+    if spec.format == "lengths":
+        cv = spec.burstiness_cv if spec.arrival_process == "gamma" else 1.0
+        return LengthSource(spec.name, source, rows, Renewal.from_rate(spec.base_rate, cv))
+    return TimedSource(spec.name, source, rows, spec.slot_jitter_s)
+
+
+def _synthetic(spec: WorkloadSpec, rate: float | None) -> TimedSource:
+    fit = synthetic.AZURE_CONV_FIT
+    rows = synthetic.generate(fit, rate)
+    return TimedSource(spec.name, f"synthetic:{fit.name}", rows, 0.0, fit.span_s)
+
+
+def window_stats(trace: Trace) -> dict[str, float]:
+    """Requests, span, mean rate and length percentiles of one trace."""
+    p, o = trace.prompt_len, trace.output_len
+    return {
+        "requests": len(trace),
+        "span_s": trace.span_s,
+        "rate": len(trace) / trace.span_s,
+        "prompt_p50": float(np.percentile(p, 50)),
+        "prompt_p99": float(np.percentile(p, 99)),
+        "output_p50": float(np.percentile(o, 50)),
+        "output_p99": float(np.percentile(o, 99)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Statistics of one default window per workload.")
+    parser.add_argument("names", nargs="*", help="workload names or file:PATH (default: all configs)")
+    parser.add_argument("--split", default="test", choices=list(SPLITS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--load-scale", type=float, default=1.0)
+    args = parser.parse_args()
+    columns = "requests | span s | req/s | prompt p50 | prompt p99 | output p50 | output p99 | window() ms"
+    print(f"| workload | source | {columns} |")
+    print("|---|---|" + "---:|" * 8)
+    for name in args.names or workload_names():
+        workload = load_workload(name)
+        s = window_stats(workload.window(args.split, args.seed, args.load_scale))
+        ms = []
+        for seed in range(args.seed + 1, args.seed + 21):
+            start = time.perf_counter()
+            workload.window(args.split, seed, args.load_scale)
+            ms.append(1e3 * (time.perf_counter() - start))
+        print(
+            f"| {name} | {workload.source} | {s['requests']} | {s['span_s']:.1f} | {s['rate']:.2f} | "
+            f"{s['prompt_p50']:.0f} | {s['prompt_p99']:.0f} | {s['output_p50']:.0f} | {s['output_p99']:.0f} | "
+            f"{np.median(ms):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The request stream a workload hands out, the error bad trace files raise, and the split table."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+SPLITS: dict[str, tuple[float, float]] = {
+    "train": (0.0, 0.6),
+    "val": (0.6, 0.8),
+    "test": (0.8, 1.0),
+    "all": (0.0, 1.0),
+}
+"""Fractions of a source (its time span, or its rows for length-only files) each split covers."""
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read as requests; the message names file, line and field."""
+
+    def __init__(self, path: object, message: str, line: int | None = None, field: str | None = None):
+        self.path, self.line, self.field = str(path), line, field
+        where = self.path if line is None else f"{self.path}:{line}"
+        what = "" if field is None else f"field {field!r}: "
+        super().__init__(f"{where}: {what}{message}")
+
+
+def split_fractions(split: str) -> tuple[float, float]:
+    """The (start, stop) fraction of ``split``; unknown names raise with the valid ones."""
+    try:
+        return SPLITS[split]
+    except KeyError:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}") from None
+
+
+def _frozen(a: np.ndarray, dtype: type) -> np.ndarray:
+    """A read-only view: traces share arrays with the parsed-file cache, so nobody may write them."""
+    view = np.asarray(a, dtype=dtype).view()
+    view.flags.writeable = False
+    return view
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A request stream, arrivals sorted, times in seconds from the window start (first arrival may be > 0).
+
+    ``offset_s`` and ``first_row`` record where the stream came from so results can name it:
+    the source time (trace seconds, before rate scaling) of this stream's time zero, and the
+    source row of its first request (-1 where requests are generated, not file rows).
+    """
+
+    name: str
+    source: str
+    arrival_s: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    hash_ids: tuple[np.ndarray, ...] | None
+    hash_block_tokens: int
+    span_s: float
+    offset_s: float = 0.0
+    first_row: int = 0
+
+    def __post_init__(self) -> None:
+        arrival = _frozen(self.arrival_s, np.float64)
+        prompt = _frozen(self.prompt_len, np.int64)
+        output = _frozen(self.output_len, np.int64)
+        object.__setattr__(self, "arrival_s", arrival)
+        object.__setattr__(self, "prompt_len", prompt)
+        object.__setattr__(self, "output_len", output)
+        n = len(arrival)
+        if arrival.ndim != 1 or len(prompt) != n or len(output) != n:
+            raise ValueError(f"trace {self.name!r}: arrival/prompt/output lengths differ")
+        if self.hash_ids is not None and len(self.hash_ids) != n:
+            raise ValueError(f"trace {self.name!r}: {len(self.hash_ids)} hash-id lists for {n} requests")
+        if (self.hash_ids is None) != (self.hash_block_tokens == 0):
+            raise ValueError(
+                f"trace {self.name!r}: hash_block_tokens must be 0 exactly when hash_ids is None"
+            )
+        if n:
+            if not (arrival[0] >= 0 and np.all(np.diff(arrival) >= 0)):
+                raise ValueError(f"trace {self.name!r}: arrivals must be non-negative and non-decreasing")
+            if arrival[-1] > self.span_s:
+                raise ValueError(f"trace {self.name!r}: span {self.span_s} s < last arrival {arrival[-1]} s")
+            if prompt.min() < 1 or output.min() < 1:
+                raise ValueError(f"trace {self.name!r}: prompt and output lengths must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def slice(self, start: int, stop: int) -> Trace:
+        """Requests ``[start, stop)`` in the same time base (same span and offset)."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        hashes = None if self.hash_ids is None else self.hash_ids[start:stop]
+        first = self.first_row + start if self.first_row >= 0 else -1
+        return dataclasses.replace(
+            self,
+            arrival_s=self.arrival_s[start:stop],
+            prompt_len=self.prompt_len[start:stop],
+            output_len=self.output_len[start:stop],
+            hash_ids=hashes,
+            first_row=first,
+        )
+
+
+class Source(Protocol):
+    """What a workload reads from: whole splits or windows, in trace seconds (before rate scaling)."""
+
+    source: str
+
+    def extract(self, split: str, seed: int, window_s: float | None) -> Trace:
+        """The split (``window_s`` None) or a seeded window of it, rebased to its start."""
+        ...

@@ -1,0 +1,3 @@
+"""policies package of chunkgym."""
+
+__chunkgym__ = True

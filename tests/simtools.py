@@ -1,0 +1,33 @@
+"""Small builders for simulator tests: hand-made traces on a fixed, uncalibrated cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envs.serving.core import ServingConfig
+from envs.serving.setup import ServingSetup
+from envs.serving.simulator import Simulator
+from envs.serving.workloads.trace import Trace
+
+
+def make_trace(arrivals, prompts, outputs, hashes=None, unit: int = 0, span: float | None = None) -> Trace:
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    return Trace(
+        name="test",
+        source="test",
+        arrival_s=arrivals,
+        prompt_len=np.asarray(prompts, dtype=np.int64),
+        output_len=np.asarray(outputs, dtype=np.int64),
+        hash_ids=None if hashes is None else tuple(np.asarray(h, dtype=np.int64) for h in hashes),
+        hash_block_tokens=unit,
+        span_s=span if span is not None else (float(arrivals[-1]) + 1.0 if len(arrivals) else 1.0),
+    )
+
+
+def make_setup(model: str = "llama3_8b", hardware: str = "h100_80gb", **serving) -> ServingSetup:
+    """The roofline v0 cost model: fixed numbers, independent of calibration files."""
+    return ServingSetup.from_names(model, hardware, 1, "strict", "roofline", ServingConfig(**serving))
+
+
+def make_sim(trace: Trace, **kw) -> Simulator:
+    return make_setup(**kw).simulator(trace)

@@ -1,0 +1,142 @@
+"""The simulator on small hand-made traces: token accounting, stalls, KV pressure, prefix reuse."""
+
+import numpy as np
+import pytest
+
+from baselines import PrefillFirst, Sarathi
+from envs.serving.scheduling import Plan, Policy, Rule, plan_budget
+from tests.simtools import make_setup, make_sim, make_trace
+
+
+def test_lone_request_ttft_is_its_prefill_and_tokens_are_exact():
+    trace = make_trace([0.5], [1000], [5])
+    sim = make_sim(trace)
+    res = sim.run(Sarathi(4096))
+    times = res.token_times[0]
+    assert len(times) == 5
+    assert times[0] - 0.5 == pytest.approx(sim.cost.prefill_time_alone(1000))
+    # each decode iteration attends to the prompt plus the tokens so far
+    expected = [sim.cost.iteration_time(1, 1000 + k, (), ()) for k in range(1, 5)]
+    assert np.diff(times) == pytest.approx(expected)
+    assert res.metrics["finished"] == 1 and res.metrics["iterations"] == 5
+
+
+def test_fcfs_stalls_decodes_for_a_whole_prefill_and_sarathi_does_not():
+    # request 0 streams 400 tokens; a 12k-token prompt arrives while it streams
+    trace = make_trace([0.0, 0.3], [200, 12000], [400, 2], span=1.0)
+    fcfs = make_sim(trace).run(PrefillFirst(whole_prompts=True))
+    sarathi_sim = make_sim(trace)
+    sarathi = sarathi_sim.run(Sarathi(512))
+    prefill = sarathi_sim.cost.prefill_time_alone(12000)
+    assert fcfs.outcomes.stall[0] >= prefill
+    assert sarathi.outcomes.stall[0] < prefill / 10
+    assert sarathi.outcomes.ttft[1] > fcfs.outcomes.ttft[1]  # chunking costs the long prompt TTFT
+
+
+def test_decodes_count_against_the_budget():
+    trace = make_trace(np.zeros(100), [20] * 100, [500] * 100)
+    sim = make_sim(trace)
+    sim.run(Sarathi(64))
+    log = sim.log.arrays()
+    assert np.all(log["decode_tokens"] + log["prefill_tokens"] <= np.maximum(64, log["decode_tokens"]))
+    assert np.any((log["decode_tokens"] >= 64) & (log["prefill_tokens"] == 0))
+
+
+@pytest.mark.parametrize("policy", [Sarathi(256), Sarathi(2048, rule="shortest_first"), PrefillFirst()])
+def test_fast_forward_gives_identical_results(policy):
+    rng = np.random.default_rng(3)
+    n = 60
+    trace = make_trace(np.sort(rng.uniform(0, 5, n)), rng.integers(1, 3000, n), rng.integers(1, 300, n))
+    a = make_sim(trace).run(policy, fast_forward=True)
+    b = make_sim(trace).run(policy, fast_forward=False)
+    assert a.token_times.keys() == b.token_times.keys()
+    for rid, t in a.token_times.items():
+        np.testing.assert_array_equal(t, b.token_times[rid])
+    for key in ("goodput_rps", "tbt_p99_s", "ttft_p99_s", "iterations", "kv_util_mean"):
+        assert a.metrics[key] == b.metrics[key]
+
+
+def test_same_trace_and_policy_give_identical_runs():
+    rng = np.random.default_rng(5)
+    trace = make_trace(np.sort(rng.uniform(0, 3, 40)), rng.integers(1, 5000, 40), rng.integers(1, 200, 40))
+    a, b = (make_sim(trace).run(Sarathi(512)) for _ in range(2))
+    for rid in a.token_times:
+        np.testing.assert_array_equal(a.token_times[rid], b.token_times[rid])
+    np.testing.assert_array_equal(a.iterations["latency"], b.iterations["latency"])
+
+
+def test_requests_that_can_never_fit_are_rejected_with_a_reason():
+    trace = make_trace([0.0, 0.1, 0.2], [100, 4000, 2000], [10, 200, 10])
+    sim = make_sim(trace, model="llama2_7b", num_blocks=100)  # 1,600 tokens of KV, 4,096 of context
+    res = sim.run(Sarathi(512))
+    assert "max_model_len" in res.outcomes.reject_reason[1]
+    assert "KV blocks" in res.outcomes.reject_reason[2]
+    assert res.outcomes.finished.tolist() == [True, False, False]
+    assert res.metrics["rejected"] == 2
+
+
+def test_kv_pressure_preempts_and_recomputes_without_losing_tokens():
+    rng = np.random.default_rng(11)
+    n = 30
+    trace = make_trace(np.sort(rng.uniform(0, 0.5, n)), rng.integers(100, 600, n), rng.integers(50, 300, n))
+    sim = make_sim(trace, num_blocks=120)
+    res = sim.run(Sarathi(1024))
+    assert res.metrics["preemptions"] > 0
+    for rid, times in res.token_times.items():
+        assert len(times) == trace.output_len[rid] and np.all(np.diff(times) > 0)
+    sim.core.kv.check()
+    assert sim.core.kv.used == 0
+
+
+def test_prefix_cache_serves_a_shared_prefix():
+    # two requests share their first three 32-token units; the second arrives after the first's prefill
+    trace = make_trace([0.0, 1.0], [100, 110], [3, 3], hashes=[[1, 2, 3, 4], [1, 2, 3, 9]], unit=32)
+    sim = make_sim(trace)
+    res = sim.run(Sarathi(512))
+    assert res.outcomes.prefix_hit.tolist() == [0, 96]
+    assert res.metrics["prefix_hit_rate"] == pytest.approx(96 / 210)
+    sim.core.kv.check()
+
+
+def test_prefix_hit_leaves_at_least_one_token_to_compute():
+    trace = make_trace([0.0, 1.0], [64, 64], [2, 2], hashes=[[1, 2], [1, 2]], unit=32)
+    res = make_sim(trace).run(Sarathi(512))
+    assert res.outcomes.prefix_hit.tolist() == [0, 32]
+
+
+class _Bad(Policy):
+    def __init__(self, make):
+        self.make = make
+
+    def plan(self, view):
+        return self.make(view)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda v: Plan(decode=False), "empty plan"),
+        (lambda v: Plan(False, [(v.queue[0], 10**6)]), "tokens"),
+        (lambda v: Plan(False, [(v.queue[0], 1), (v.queue[0], 1)]), "distinct"),
+    ],
+)
+def test_invalid_plans_fail_clearly(make, message):
+    sim = make_sim(make_trace([0.0], [100], [2]))
+    with pytest.raises(ValueError, match=message):
+        sim.run(_Bad(make))
+
+
+def test_rules_order_the_prefill_share():
+    trace = make_trace([0.0, 0.0, 0.0], [3000, 100, 2000], [2, 2, 2])
+    sim = make_sim(trace)
+    sim.advance_to_work()
+    view = sim.core.view
+    first = {rule: plan_budget(view, 256, rule).chunks[0][0].rid for rule in Rule}
+    assert first[Rule.FCFS] == 0 and first[Rule.SHORTEST_FIRST] == 1
+
+
+def test_setup_rejects_unknown_names():
+    with pytest.raises(ValueError, match="llama3_8b"):
+        make_setup(model="gpt5")
+    with pytest.raises(ValueError, match="h100_80gb"):
+        make_setup(hardware="tpu")
