@@ -30,6 +30,9 @@ class LayerFit:
     points: int
     heldout_points: int
     max_tokens: float
+    heldout_tokens: np.ndarray
+    heldout_measured: np.ndarray
+    heldout_predicted: np.ndarray
 
 
 def fit_layer(times: OpTimes, with_ops: bool = True) -> LayerFit:
@@ -55,6 +58,9 @@ def fit_layer(times: OpTimes, with_ops: bool = True) -> LayerFit:
         points=len(tokens),
         heldout_points=int(held.sum()),
         max_tokens=float(tokens.max()),
+        heldout_tokens=tokens[held],
+        heldout_measured=times.layer[held],
+        heldout_predicted=layer.predict(tokens[held]),
     )
 
 
@@ -87,9 +93,3 @@ def fit_collective(times: CollectiveTimes) -> CollectiveFit:
     line = fit_step_roofline(times.size_bytes[keep], times.seconds[keep], per_unit=False, knee=False)
     error = mape(line.predict(times.size_bytes[held]), times.seconds[held])
     return CollectiveFit(times.source, times.workers, line, error)
-
-
-def heldout_layer_predictions(times: OpTimes, fit: LayerFit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, measured, predicted) at the held-out points, for plots."""
-    held = holdout_mask(len(times.tokens), HOLDOUT_FRACTION)
-    return times.tokens[held], times.layer[held], fit.layer.predict(times.tokens[held])

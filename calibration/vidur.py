@@ -47,7 +47,9 @@ def compute_table_path(data_root: Path, profile_name: str, hf_name: str) -> Path
 
 def all_reduce_path(data_root: Path, profile_name: str) -> Path:
     """The DGX (NVSwitch) table: the topology the whole-request runs were measured on."""
-    return data_root / "profiles" / "vidur" / "profiling" / "network" / f"{profile_name}_dgx" / "all_reduce.csv"
+    return (
+        data_root / "profiles" / "vidur" / "profiling" / "network" / f"{profile_name}_dgx" / "all_reduce.csv"
+    )
 
 
 def send_recv_path(data_root: Path, folder: str) -> Path:

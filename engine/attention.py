@@ -7,10 +7,14 @@ layer first writes the new tokens' K/V into their cache slots, then
 * each chunk attends causally to its sequence's cached prefix plus its own earlier
   tokens: one ``scaled_dot_product_attention`` per chunk (a chunk with nothing cached
   uses its fresh K/V and ``is_causal``, without touching the cache);
-* all single-token spans attend together: their blocks are gathered into one padded
-  ``[n, kv_heads, max_blocks * block_size, head_dim]`` tensor and masked past each
-  context, with the query heads of a KV head laid out as that KV head's query rows,
-  so grouped-query attention needs no K/V copies per query head.
+* single-token spans attend in groups: a run of consecutive spans whose contexts need
+  the same power-of-two bucket of blocks (1, 2, 3-4, 5-8, ...) gathers its blocks into
+  one padded ``[n, kv_heads, max_blocks * block_size, head_dim]`` tensor, masked past
+  each context, for one ``scaled_dot_product_attention``.  Padding is thereby under 2x,
+  so decode attention reads O(cached tokens), as the simulator's cost model assumes;
+  the runner sorts decodes by context so each bucket is one run.  The query heads of a
+  KV head are laid out as that KV head's query rows, so grouped-query attention needs
+  no K/V copies per query head.
 
 The metadata (slots, block indices, masks) is built once per iteration and shared by
 all layers.
@@ -18,6 +22,7 @@ all layers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +48,13 @@ class _Chunk:
     length: int
     blocks: Tensor | None  # blocks covering the context; None when nothing is cached
     mask: Tensor | None  # [length, context] True where a query may attend a key
+
+
+@dataclass(frozen=True)
+class _DecodeGroup:
+    offset: int  # first row in the flat batch
+    blocks: Tensor  # [n, width] block ids, padded with block 0
+    mask: Tensor  # [n, 1, 1, width * block_size] True where the key is in the context
 
 
 class PagedAttention:
@@ -76,17 +88,17 @@ class PagedAttention:
                 mask = torch.arange(end)[None, :] <= queries[:, None]
                 self.chunks.append(_Chunk(offset, span.length, blocks.to(device), mask.to(device)))
             offset += span.length
-        self.decode_offset = offset
-        self.decode_blocks: Tensor | None = None
-        self.decode_mask: Tensor | None = None
-        if single:
-            width = max(s.start // bs + 1 for s in single)
-            table = [list(s.block_table[: s.start // bs + 1]) for s in single]
-            slots.append(torch.tensor([t[-1] * bs + s.start % bs for s, t in zip(single, table, strict=True)]))
-            positions = torch.tensor([s.start for s in single])
+        self.decodes: list[_DecodeGroup] = []
+        for _, run in itertools.groupby(single, key=lambda s: (s.start // bs).bit_length()):
+            group = list(run)
+            table = [list(s.block_table[: s.start // bs + 1]) for s in group]
+            width = max(len(t) for t in table)
+            positions = torch.tensor([s.start for s in group])
+            slots.append(torch.tensor([t[-1] * bs + s.start % bs for s, t in zip(group, table, strict=True)]))
             mask = torch.arange(width * bs)[None, :] <= positions[:, None]
-            self.decode_blocks = torch.tensor([t + [0] * (width - len(t)) for t in table]).to(device)
-            self.decode_mask = mask[:, None, None, :].to(device)
+            blocks = torch.tensor([t + [0] * (width - len(t)) for t in table])
+            self.decodes.append(_DecodeGroup(offset, blocks.to(device), mask[:, None, None, :].to(device)))
+            offset += len(group)
         self.slots = torch.cat(slots).to(device)
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -112,14 +124,14 @@ class PagedAttention:
                 enable_gqa=True,
             )
             out[rows] = o.squeeze(0).transpose(0, 1)
-        if self.decode_blocks is not None:
-            n = self.decode_blocks.shape[0]
-            rows = slice(self.decode_offset, self.decode_offset + n)
+        for g in self.decodes:
+            n = g.blocks.shape[0]
+            rows = slice(g.offset, g.offset + n)
             # [n, heads, d] -> [n, kv_heads, group, d]: a KV head's query heads act as its query rows.
             queries = q[rows].view(n, kv_heads, -1, head_dim)
-            keys = k_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
-            values = v_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
-            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.decode_mask)
+            keys = k_cache[g.blocks].flatten(1, 2).transpose(1, 2)
+            values = v_cache[g.blocks].flatten(1, 2).transpose(1, 2)
+            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=g.mask)
             out[rows] = o.reshape(n, -1, head_dim)
         return out
 

@@ -39,7 +39,9 @@ class KVCache:
         device: str | torch.device = "cpu",
     ) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"KVCache: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"KVCache: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)

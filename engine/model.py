@@ -94,9 +94,9 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # Unit tests: ~0.15M parameters, every code path (GQA group 2) still exercised.
     "tiny": ModelConfig("tiny", 2, 64, 4, 2, 128, 512, 4096),
-    # CPU trace replays: ~13M parameters (4.7M in the layers, 4.2M each embedding and head).
-    # Decode reads every weight but the embedding once per iteration and this VM streams
-    # ~6.5 GB/s, so ~36 MB of fp32 weights put decode at ~6 ms; timings from engine/profile.py.
+    # CPU trace replays: 12.9M parameters (4.7M in the layers, 4.2M each embedding and head).
+    # Decode is memory-bound (~36 MB of float32 weights read per iteration): ~7 ms on the
+    # 2-core dev VM; a 512-token chunk ~50 ms.  Measurements and command: engine/README.md.
     "small": ModelConfig("small", 6, 256, 4, 1, 768, 16384, 16384),
     # Llama-3.2-1B layer shapes (meta-llama/Llama-3.2-1B config.json), with an untied head.
     "llama_1b": ModelConfig("llama_1b", 16, 2048, 32, 8, 8192, 128256, 131072, rope_theta=500000.0),
@@ -147,21 +147,35 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotate-half RoPE with cos/sin tables for every position up to ``max_context``."""
+    """Rotate-half RoPE: cos/sin tables for every position up to ``max_context``."""
 
     def __init__(self, head_dim: int, theta: float, max_context: int) -> None:
         super().__init__()
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_context, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("cos", torch.empty(max_context, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_context, head_dim // 2), persistent=False)
+        self.reset_tables()
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate ``x`` of shape ``[T, heads, head_dim]`` by the angles of ``positions`` ``[T]``."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        """Fill the tables (angles in float64, then rounded to the buffers' dtype)."""
+        if self.cos.is_meta:
+            return
+        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.arange(self.cos.shape[0], dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin at ``positions`` ``[T]``, shaped ``[T, 1, head_dim / 2]`` to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    """Apply RoPE to ``x`` of shape ``[T, heads, head_dim]``."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -169,14 +183,18 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, False)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, False
+        )
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, attention: AttentionBackend) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend) -> Tensor:
         t, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
-        q = rotary(q.view(t, self.num_heads, d), positions)
-        k = rotary(k.view(t, self.num_kv_heads, d), positions)
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1
+        )
+        q = rotate(q.view(t, self.num_heads, d), rope)
+        k = rotate(k.view(t, self.num_kv_heads, d), rope)
         out = attention(self.layer, q, k, v.view(t, self.num_kv_heads, d))
         return self.o_proj(out.reshape(t, self.num_heads * d))
 
@@ -200,8 +218,8 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, attention: AttentionBackend) -> Tensor:
-        x = x + self.attn(self.input_norm(x), positions, rotary, attention)
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], attention: AttentionBackend) -> Tensor:
+        x = x + self.attn(self.input_norm(x), rope, attention)
         return x + self.mlp(self.post_attn_norm(x))
 
 
@@ -222,8 +240,9 @@ class LlamaModel(nn.Module):
     ) -> Tensor:
         """Final-normed hidden states ``[T, hidden]`` of ``token_ids`` at ``positions`` (both ``[T]``)."""
         x = self.embed(token_ids)
+        rope = self.rotary(positions)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attention)
+            x = layer(x, rope, attention)
         return self.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -307,7 +326,6 @@ def build_model(
     with torch.device("meta"):
         model = LlamaModel(cfg)
     model = model.to_empty(device=device).to(dtype)
-    # to_empty leaves the RoPE buffers uninitialised: rebuild them, tables in the model dtype.
-    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_context).to(device=device, dtype=dtype)
+    model.rotary.reset_tables()
     init_weights(model, seed)
     return model.eval().requires_grad_(False)

@@ -40,7 +40,9 @@ class Composition:
 
     def __post_init__(self) -> None:
         if len(self.prefill_tokens) != len(self.prefill_context):
-            raise ValueError(f"Composition {self.label!r}: prefill_tokens and prefill_context differ in length")
+            raise ValueError(
+                f"Composition {self.label!r}: prefill_tokens and prefill_context differ in length"
+            )
         if not (self.decode_contexts or self.prefill_tokens):
             raise ValueError(f"Composition {self.label!r} is empty")
         if any(q < 1 for q in self.prefill_tokens) or min((*self.decode_contexts, *self.prefill_context)) < 0:
@@ -86,7 +88,9 @@ class Measurement:
 def default_compositions() -> list[Composition]:
     """Decode-only at batch 1/8/32 (context 512), prefill chunks 128/512/2048, one mixed batch."""
     comps = [Composition(f"decode {n} x ctx 512", decode_contexts=(512,) * n) for n in (1, 8, 32)]
-    comps += [Composition(f"prefill {q}", prefill_tokens=(q,), prefill_context=(0,)) for q in (128, 512, 2048)]
+    comps += [
+        Composition(f"prefill {q}", prefill_tokens=(q,), prefill_context=(0,)) for q in (128, 512, 2048)
+    ]
     comps.append(Composition("prefill 512 over ctx 1024", prefill_tokens=(512,), prefill_context=(1024,)))
     comps.append(
         Composition(
@@ -109,23 +113,25 @@ def measure(
     repeats: int = 5,
     warmup: int = 2,
 ) -> list[Measurement]:
-    """Time each composition ``repeats`` times after ``warmup`` runs, on a cache sized for it."""
+    """Time each composition ``repeats`` times after ``warmup`` runs, each on a cache sized for it.
+
+    Repeats go round-robin over the compositions, so a burst of load from other
+    processes on a shared machine slows one repeat of each rather than all of one.
+    """
     model = build_model(model, seed=seed, dtype=dtype, device=device)
-    results = []
+    setups = []
     for comp in compositions:
         items, num_blocks = comp.items(block_size, model.config.vocab_size)
         cache = KVCache(model.config, num_blocks, block_size, model.embed.weight.dtype, device)
-        runner = ModelRunner(model, cache)
-        for _ in range(warmup):
-            runner.execute(items)
-        seconds = []
-        for _ in range(repeats):
+        setups.append((ModelRunner(model, cache), items))
+    seconds: list[list[float]] = [[] for _ in setups]
+    for r in range(warmup + repeats):
+        for (runner, items), times in zip(setups, seconds, strict=True):
             t0 = time.perf_counter()
             runner.execute(items)  # returns Python ints, so CUDA work has finished too
-            seconds.append(time.perf_counter() - t0)
-        results.append(Measurement(comp, seconds))
-        del runner, cache
-    return results
+            if r >= warmup:
+                times.append(time.perf_counter() - t0)
+    return [Measurement(comp, times) for comp, times in zip(compositions, seconds, strict=True)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -145,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [
         m.row()
         for m in measure(
-            args.preset, default_compositions(), dtype=dtype, device=args.device,
-            block_size=args.block_size, repeats=args.repeats, warmup=args.warmup,
+            args.preset,
+            default_compositions(),
+            dtype=dtype,
+            device=args.device,
+            block_size=args.block_size,
+            repeats=args.repeats,
+            warmup=args.warmup,
         )
     ]
     print(

@@ -81,7 +81,8 @@ class ModelRunner:
     def _forward(self, items: Sequence[BatchItem]) -> tuple[Tensor, list[slice]]:
         """Hidden states of the flat batch (chunks first, then single tokens) and each item's rows."""
         self._validate(items)
-        order = sorted(range(len(items)), key=lambda i: len(items[i].token_ids) == 1)
+        # Chunks first, then single tokens by context, so decode buckets are contiguous.
+        order = sorted(range(len(items)), key=lambda i: (len(items[i].token_ids) == 1, items[i].start))
         rows: list[slice] = [slice(0)] * len(items)
         token_ids: list[int] = []
         positions: list[int] = []

@@ -40,8 +40,10 @@ from gymnasium import spaces
 
 from envs.actions import NVEC, action_mask, action_plan
 from envs.features import FEATURE_NAMES_V0, features_v0
+from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL, ServingSetup
 from envs.serving.simulator import Simulator
+from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workload import Workload, load_workload
 
 
@@ -51,8 +53,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     Args:
         workload: a name in ``conf/workload`` or ``file:PATH``, or a loaded :class:`Workload`.
         split: ``train`` (default), ``val``, ``test`` or ``all``.
-        model, hardware, tp: names in ``conf/model`` and ``conf/hardware``; tensor parallelism.
-        slo: a name in ``conf/slo``.
+        model, hardware, tp: names in ``conf/model`` and ``conf/hardware`` (or specs); tensor parallelism.
+        slo: a name in ``conf/slo`` (or an :class:`~envs.serving.metrics.SLOSpec`).
         cost_model: ``calibrated``, ``roofline`` or a coefficient-file path.
         load_scale: a float, or a (low, high) pair sampled uniformly per episode.
         window_s: trace-seconds per episode (default: the workload's ``window_s``).
@@ -69,10 +71,10 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self,
         workload: str | Workload = "azure_conv",
         split: str = "train",
-        model: str = DEFAULT_MODEL,
-        hardware: str = DEFAULT_HARDWARE,
+        model: str | ModelSpec = DEFAULT_MODEL,
+        hardware: str | HardwareSpec = DEFAULT_HARDWARE,
         tp: int = 1,
-        slo: str = "strict",
+        slo: str | SLOSpec = "strict",
         cost_model: str = "calibrated",
         load_scale: float | Sequence[float] = 1.0,
         window_s: float | None = None,
@@ -83,7 +85,14 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     ) -> None:
         self.workload = workload if isinstance(workload, Workload) else load_workload(workload, data_root)
         self.split = split
-        self.setup = ServingSetup.from_names(model, hardware, tp, slo, cost_model, serving)
+        self.setup = ServingSetup.from_specs(
+            load_model(model) if isinstance(model, str) else model,
+            load_hardware(hardware) if isinstance(hardware, str) else hardware,
+            tp,
+            load_slo(slo) if isinstance(slo, str) else slo,
+            cost_model,
+            serving,
+        )
         if isinstance(load_scale, int | float):
             load_scale = (float(load_scale), float(load_scale))
         self.load_range = (float(load_scale[0]), float(load_scale[-1]))

@@ -99,28 +99,36 @@ def test_kv_cache_shape_and_size():
         KVCache(cfg, 0, BS, torch.float32)
 
 
+_BASE = list(range(100, 116))  # prompts share prefixes of this, so prefix hits are common
 _op = st.tuples(
-    st.sampled_from(["add", "step", "free"]),
+    st.sampled_from(["add", "add", "step", "step", "step", "free"]),
     st.integers(0, 5),  # sequence slot
-    st.lists(st.integers(0, 2), min_size=1, max_size=14),  # prompt over a tiny alphabet: many shared prefixes
-    st.integers(1, 9),  # tokens computed by a step
+    st.integers(0, 16),  # length of the shared prefix of the prompt
+    st.lists(st.integers(0, 2), min_size=1, max_size=6),  # the prompt's own tail
+    st.integers(1, 16),  # tokens computed by a step
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(num_blocks=st.integers(1, 12), ops=st.lists(_op, max_size=60))
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(1, 16), ops=st.lists(_op, max_size=80))
 def test_random_workload_conserves_blocks_and_hits_only_matching_content(num_blocks, ops):
     """Blocks in use + free = total after every operation, and every prefix hit holds the right tokens.
 
-    ``content`` stands in for the KV tensors: what the runner wrote into each block.
+    Sequences are added (re-adding one is a preemption: it returns with all its tokens),
+    stepped through their tokens (a step that reaches the end appends a generated token)
+    and freed.  ``content`` stands in for the KV tensors: what the runner wrote where.
     """
     bm = BlockManager(num_blocks, BS)
     content: dict[int, list[int | None]] = {b: [None] * BS for b in range(num_blocks)}
     known: dict[str, list[int]] = {}
     computed: dict[str, int] = {}
-    for op, slot, prompt, n in ops:
+    for op, slot, shared, tail, n in ops:
         sid = f"s{slot}"
-        if op == "add" and sid not in known:
+        prompt = _BASE[:shared] + tail
+        if op == "add":
+            if sid in known:  # preempted: it comes back with all its tokens, to recompute
+                bm.free(sid)
+                prompt = known.pop(sid)
             cached = bm.add(sid, prompt)
             table = bm.block_table(sid)
             assert cached < len(prompt) and cached == BS * len(table)

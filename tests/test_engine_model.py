@@ -77,7 +77,9 @@ def test_weights_are_a_function_of_the_seed_only():
 def test_weights_match_the_pinned_stream():
     """Pins the cross-machine contract: these draws must not change with the machine or torch build."""
     model = build_model("tiny", seed=0, dtype=torch.float64)
-    first = [float.fromhex(h) for h in ("0x1.fc0828e61ac46p-1", "-0x1.0808618be2b12p-1", "-0x1.21b56c83f4a68p-1")]
+    first = [
+        float.fromhex(h) for h in ("0x1.fc0828e61ac46p-1", "-0x1.0808618be2b12p-1", "-0x1.21b56c83f4a68p-1")
+    ]
     assert model.embed.weight[0, :3].tolist() == first
     assert model.layers[1].mlp.down_proj.weight[-1, -1].item() == float.fromhex("0x1.a6828b1503767p-6")
 

@@ -5,8 +5,7 @@ One functional form serves every backend.  An iteration of ``T`` batched tokens 
 
     T_iter = max(cpu, gpu)
     cpu    = cpu_fixed + cpu_prefill * [any prefill chunk] + cpu_per_seq * S
-    gpu    = iter_fixed + head_fixed + head_per_seq * S
-             + iter_per_token * T + iter_per_token_above * max(T - iter_knee_tokens, 0)
+    gpu    = iter_fixed + head_fixed + head_per_seq * S + iter_per_token * T
              + L * ( linear(T) + n_allreduce * allreduce(T)
                      + sum_i prefill_attention(q_i, c_i) + decode_attention(n_decode, context_sum) )
 
@@ -30,8 +29,10 @@ One functional form serves every backend.  An iteration of ``T`` batched tokens 
   cost per pair, plus a per-chunk cost.
 * ``decode_attention(n, C)`` for ``n`` decoding sequences holding ``C`` cached tokens in
   all: bytes of KV read, i.e. a fitted cost per cached token, plus a per-sequence cost.
-* ``allreduce(T)``: two per layer under tensor parallelism, zero at ``tp = 1``.
-* ``iter_per_token`` terms are per-token engine costs outside the layers.
+* ``allreduce(T) = fixed + per_token * T + per_token_above * max(T - knee, 0)``: two per
+  layer under tensor parallelism, zero at ``tp = 1``; the last term is a slower regime
+  for large messages that whole-request runs show and collective benchmarks do not.
+* ``iter_per_token`` is a per-token engine cost outside the layers.
 
 :class:`RooflineCostModel` evaluates it from :class:`CostParams`, which come either
 from datasheet numbers (:func:`roofline_params`, the uncalibrated v0) or from a fitted
@@ -118,8 +119,8 @@ class CostParams:
     lin_elementwise_s_per_token: float = 0.0
     lin_steps: Steps = ()
     iter_s_per_token: float = 0.0
-    iter_s_per_token_above: float = 0.0
-    iter_knee_tokens: int = 0
+    allreduce_s_per_token_above: float = 0.0
+    allreduce_knee_tokens: int = 0
     cpu_fixed_s: float = 0.0
     cpu_prefill_s: float = 0.0
     cpu_s_per_seq: float = 0.0
@@ -133,12 +134,16 @@ class CostParams:
         steps = tuple(tuple(step) for step in self.lin_steps)
         for i, step in enumerate(steps):
             if len(step) != 2:
-                raise ValueError(f"cost parameter 'lin_steps'[{i}] must be a (tokens, seconds) pair, got {step!r}")
+                raise ValueError(
+                    f"cost parameter 'lin_steps'[{i}] must be a (tokens, seconds) pair, got {step!r}"
+                )
             _check_number(f"lin_steps[{i}] tokens", step[0], integer=True)
             _check_number(f"lin_steps[{i}] seconds", step[1], integer=False)
         thresholds = [t for t, _ in steps]
         if any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
-            raise ValueError(f"cost parameter 'lin_steps' thresholds must increase strictly, got {thresholds}")
+            raise ValueError(
+                f"cost parameter 'lin_steps' thresholds must increase strictly, got {thresholds}"
+            )
         object.__setattr__(self, "lin_steps", steps)
 
     @classmethod
@@ -159,7 +164,9 @@ class CostParams:
             raise ValueError(f"{source}: missing cost parameter(s) {missing}")
         steps = data.get("lin_steps", ())
         if not isinstance(steps, list | tuple):
-            raise ValueError(f"{source}: cost parameter 'lin_steps' must be a list of [tokens, seconds] pairs")
+            raise ValueError(
+                f"{source}: cost parameter 'lin_steps' must be a list of [tokens, seconds] pairs"
+            )
         try:
             return cls(**{**data, "lin_steps": tuple(tuple(s) if isinstance(s, list) else s for s in steps)})
         except (TypeError, ValueError) as exc:
@@ -190,8 +197,8 @@ class RooflineCostModel(CostModel):
         self._gpu_const = p.iter_fixed_s + p.head_fixed_s
         self._per_seq = p.head_s_per_seq
         self._tok = p.iter_s_per_token
-        self._tok_above = p.iter_s_per_token_above
-        self._knee = p.iter_knee_tokens
+        self._ar_above = p.allreduce_count * p.allreduce_s_per_token_above
+        self._ar_knee = p.allreduce_knee_tokens
         self._lin_fixed = p.lin_fixed_s + p.lin_mem_s + p.allreduce_count * p.allreduce_fixed_s
         self._lin_tok = p.lin_elementwise_s_per_token + p.allreduce_count * p.allreduce_s_per_token
         self._slope = p.lin_s_per_token
@@ -215,15 +222,14 @@ class RooflineCostModel(CostModel):
         t = self._lin_fixed + self._lin_tok * num_tokens
         if num_tokens > self._knee_lin:
             t += self._slope * (num_tokens - self._knee_lin)
+        if num_tokens > self._ar_knee:
+            t += self._ar_above * (num_tokens - self._ar_knee)
         if self._step_at:
             t += self._step_sum[bisect.bisect_left(self._step_at, num_tokens)]
         return t
 
     def _engine_time(self, tokens: int, seqs: int) -> float:
-        t = self._gpu_const + self._per_seq * seqs + self._tok * tokens
-        if tokens > self._knee:
-            t += self._tok_above * (tokens - self._knee)
-        return t
+        return self._gpu_const + self._per_seq * seqs + self._tok * tokens
 
     def iteration_time(
         self,
@@ -236,16 +242,17 @@ class RooflineCostModel(CostModel):
         attn = 0.0
         if num_decode:
             attn = self._dec_seq * num_decode + self._dec_tok * decode_context
-        if prefill_tokens:
+        chunks = len(prefill_tokens)
+        if chunks:
             pair, chunk = self._pair, self._chunk
             for q, c in zip(prefill_tokens, prefill_context, strict=True):
                 tokens += q
                 attn += chunk + pair * q * (c + 0.5 * (q + 1))
         if tokens <= 0:
             return 0.0
-        seqs = num_decode + len(prefill_tokens)
+        seqs = num_decode + chunks
         gpu = self._engine_time(tokens, seqs) + self._layers * (self.linear_time(tokens) + attn)
-        cpu = self._cpu + self._cpu_seq * seqs + (self._cpu_prefill if prefill_tokens else 0.0)
+        cpu = self._cpu + self._cpu_seq * seqs + (self._cpu_prefill if chunks else 0.0)
         return gpu if gpu > cpu else cpu
 
     def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 
 from envs.serving.core import ServingConfig
 from envs.serving.cost_model import CostModel, RooflineCostModel, roofline_params
-from envs.serving.metrics import SLO, load_slo
+from envs.serving.metrics import SLO, SLOSpec, load_slo
 from envs.serving.simulator import Simulator
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workloads.trace import Trace
@@ -60,9 +60,24 @@ class ServingSetup:
         cost_model: str = "calibrated",
         serving: dict[str, Any] | ServingConfig | None = None,
     ) -> ServingSetup:
-        m, h = load_model(model), load_hardware(hardware)
-        cm = make_cost_model(m, h, tp, cost_model)
-        return cls(m, h, tp, cm, load_slo(slo).resolve(cm), serving_config(serving), cost_model)
+        return cls.from_specs(load_model(model), load_hardware(hardware), tp, load_slo(slo), cost_model, serving)
+
+    @classmethod
+    def from_specs(
+        cls,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        tp: int = 1,
+        slo: SLOSpec | None = None,
+        cost_model: str = "calibrated",
+        serving: dict[str, Any] | ServingConfig | None = None,
+    ) -> ServingSetup:
+        """Like :meth:`from_names`, from spec objects (e.g. Hydra-composed, possibly overridden)."""
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        cm = make_cost_model(model, hardware, tp, cost_model)
+        slo = slo or load_slo("strict")
+        return cls(model, hardware, tp, cm, slo.resolve(cm), serving_config(serving), cost_model)
 
     def simulator(self, trace: Trace) -> Simulator:
         return Simulator(trace, self.model, self.hardware, self.cost_model, self.slo, self.config, self.tp)

@@ -9,6 +9,7 @@ shortage), which is what makes an hour-long production trace take seconds.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -102,6 +103,14 @@ class Simulator:
             requests, kv, cost_model, slo, config, config.max_model_len or model.max_context
         )
         self.log = IterationLog()
+
+    def fork(self) -> Simulator:
+        """An independent copy of the current state (for what-if rollouts), sharing immutable parts."""
+        core = self.core
+        shared = [self.trace, self.cost, self.slo, self.config, core.cost_model, core.slo, core.config]
+        shared += [r.hash_ids for r in core.requests if r.hash_ids is not None]
+        memo = {id(x): x for x in shared}
+        return copy.deepcopy(self, memo)
 
     # ---- stepping ------------------------------------------------------------------------
     def advance_to_work(self) -> bool:

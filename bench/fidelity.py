@@ -1,0 +1,54 @@
+"""Fidelity of the calibrated cost model: prints the report tables, then one JSON line.
+
+    python bench/fidelity.py [--data-root PATH]
+
+Refits everything from the data (nothing is read from ``conf/cost``), so the numbers are
+reproducible from the raw tables.  The JSON's MAPEs are fractions: ``per_layer_mape_max``
+(held-out, worst (GPU, model, TP) table), ``whole_request_mape_max`` (leave-one-TP-out,
+worst of prompt and token time on Llama-2-70B, A100 and H100), and more; plus the cost of
+one ``iteration_time`` call in microseconds for a calibrated model and the roofline v0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import timeit
+
+from calibration.pipeline import calibrate
+from calibration.report import markdown, summary
+from chunkgym import data_root
+from envs.serving.cost_model import RooflineCostModel, roofline_params
+from envs.serving.specs import load_hardware, load_model
+
+TIMING_CALLS = 200_000
+
+
+def iteration_time_us(model: RooflineCostModel) -> dict[str, float]:
+    """Microseconds per call for the simulator's two shapes of call: decode-only, and mixed."""
+    decode = timeit.timeit(lambda: model.iteration_time(64, 64_000, (), ()), number=TIMING_CALLS)
+    chunks, contexts = [512, 128], [1024, 0]
+    mixed = timeit.timeit(lambda: model.iteration_time(64, 64_000, chunks, contexts), number=TIMING_CALLS)
+    return {"decode_only": decode / TIMING_CALLS * 1e6, "mixed": mixed / TIMING_CALLS * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", default=None)
+    args = parser.parse_args()
+    cal = calibrate(data_root(args.data_root))
+    print(markdown(cal))
+    result = summary(cal)
+    example = next(f for f in cal.files if (f.hardware, f.model, f.tp) == ("a100_80gb", "llama2_70b", 4))
+    calibrated = iteration_time_us(RooflineCostModel(example.params))
+    v0 = iteration_time_us(
+        RooflineCostModel(roofline_params(load_model("llama2_70b"), load_hardware("a100_80gb"), 4))
+    )
+    for kind in ("decode_only", "mixed"):
+        result[f"iteration_time_us_calibrated_{kind}"] = round(calibrated[kind], 3)
+        result[f"iteration_time_us_roofline_{kind}"] = round(v0[kind], 3)
+    print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Decision cost of an exported policy: features + normalise + forward + plan, per engine iteration.
+
+    python bench/policy_latency.py [--policy DIR] [--workload W] [--load-scale X]
+
+Replays one test window in the simulator with the policy loaded by
+``policies.exported.load_policy`` (the shipped ``policies/artifacts/learned`` by
+default; an untrained network of the default shape, exported to a temporary
+directory, when there is none) and times every ``plan(view)`` call.  Also times
+the stages separately (features, action mask, network, planner) and Sarathi-512's
+``plan`` on the same replay for reference.  The target is <= 50 us per decision on
+one CPU core.  Last stdout line: one JSON object with ``us_per_decision``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs.actions import NVEC, action_mask, action_plan
+from envs.serving.scheduling import Plan, Policy, View
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import load_workload
+from policies.export import write_export
+from policies.exported import ExportedPolicy, PolicyNet, load_policy
+from policies.registry import SHIPPED_LEARNED, make_policy
+
+
+class Timed(Policy):
+    """Times each ``plan`` call of ``inner``; for an exported policy also each stage, separately."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.ns: list[int] = []
+        self.stages: dict[str, list[int]] = {"features": [], "mask": [], "network": [], "planner": []}
+
+    def plan(self, view: View) -> Plan:
+        clock = time.perf_counter_ns
+        start = clock()
+        plan = self.inner.plan(view)
+        self.ns.append(clock() - start)
+        if isinstance(self.inner, ExportedPolicy):
+            t0 = clock()
+            obs = self.inner.features(view)
+            t1 = clock()
+            mask = action_mask(view)
+            t2 = clock()
+            level, rule = self.inner.act_one(obs, mask)
+            t3 = clock()
+            action_plan(view, level, rule)
+            t4 = clock()
+            for key, ns in zip(self.stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                self.stages[key].append(ns)
+        return plan
+
+
+def untrained_policy(directory: Path) -> ExportedPolicy:
+    """A freshly initialised network of train.py's default shape, exported and loaded back."""
+    torch.manual_seed(0)
+    write_export(PolicyNet([16, 64, 64], NVEC), directory, {"note": "untrained, for latency only"})
+    return load_policy(directory)
+
+
+def replay(setup: ServingSetup, trace, policy: Policy) -> Timed:
+    timed = Timed(policy)
+    setup.simulator(trace).run(timed)
+    return timed
+
+
+def us(ns: list[int]) -> float:
+    return float(np.mean(ns)) / 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--policy", help="exported policy directory (default: the shipped one, else untrained)")
+    parser.add_argument("--workload", default="synthetic_azure_conv")
+    parser.add_argument("--load-scale", type=float, default=1.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cost-model", default="roofline", help="calibrated | roofline | coefficient file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.policy:
+            policy, source = load_policy(args.policy), args.policy
+        elif SHIPPED_LEARNED.is_dir():
+            policy, source = load_policy(SHIPPED_LEARNED), str(SHIPPED_LEARNED)
+        else:
+            policy, source = untrained_policy(Path(tmp)), "untrained (default shape)"
+        setup = ServingSetup.from_names(cost_model=args.cost_model)
+        trace = load_workload(args.workload).window("test", args.seed, args.load_scale)
+        replay(setup, trace, policy)  # warm-up: caches, lazy imports
+        timed = replay(setup, trace, policy)
+        base = replay(setup, trace, make_policy("sarathi_512"))
+
+    ns = np.asarray(timed.ns)
+    result = {
+        "us_per_decision": round(us(timed.ns), 2),
+        "p50_us": round(float(np.percentile(ns, 50)) / 1e3, 2),
+        "p99_us": round(float(np.percentile(ns, 99)) / 1e3, 2),
+        "decisions": len(ns),
+        **{f"{k}_us": round(us(v), 2) for k, v in timed.stages.items()},
+        "sarathi_512_us_per_decision": round(us(base.ns), 2),
+        "policy": source,
+        "workload": args.workload,
+        "load_scale": args.load_scale,
+        "requests": len(trace),
+    }
+    print(
+        f"{result['decisions']} decisions: {result['us_per_decision']} us each on average "
+        f"(p50 {result['p50_us']}, p99 {result['p99_us']}); features {result['features_us']}, "
+        f"mask {result['mask_us']}, network {result['network_us']}, planner {result['planner_us']} us; "
+        f"Sarathi-512 {result['sarathi_512_us_per_decision']} us"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

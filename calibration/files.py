@@ -1,0 +1,60 @@
+"""Writing coefficient files (``conf/cost/*.yaml``); reading and validating them is
+:func:`envs.serving.cost_model.read_cost_file`."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calibration.pipeline import CostFile
+from envs.serving.cost_model import cost_file_name
+
+SIGNIFICANT = 6
+"""Digits kept: far below measurement noise, and stable against last-bit float differences."""
+
+HEADER = (
+    "# Cost-model coefficients for chunkgym's simulator (envs/serving/cost_model.py).\n"
+    "# Written by `python -m calibration`; do not edit by hand. Times in seconds.\n"
+)
+
+
+def write_cost_files(files: list[CostFile], out_dir: Path) -> list[Path]:
+    """One YAML per configuration, overwriting; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in files:
+        path = out_dir / cost_file_name(f.hardware, f.model, f.tp)
+        path.write_text(
+            HEADER + yaml.safe_dump(cost_file_mapping(f), sort_keys=False, width=110, default_flow_style=None)
+        )
+        written.append(path)
+    return written
+
+
+def cost_file_mapping(f: CostFile) -> dict[str, Any]:
+    params = dataclasses.asdict(f.params)
+    params["lin_steps"] = [[int(t), _round(h)] for t, h in f.params.lin_steps]
+    return {
+        "hardware": f.hardware,
+        "model": f.model,
+        "tp": f.tp,
+        "derived": f.derived,
+        "source": f.source,
+        "params": {k: _round(v) for k, v in params.items()},
+        "fit": _round(f.fit),
+    }
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, bool) or isinstance(value, int) and not isinstance(value, float):
+        return value
+    if isinstance(value, float):
+        return float(f"{value:.{SIGNIFICANT}g}")
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_round(v) for v in value]
+    return value

@@ -1,0 +1,310 @@
+"""chunkgym's leaderboard: policies x workloads x load scales x seeds, simulated on held-out traces.
+
+    python evaluate.py                     # the default grid of conf/evaluate.yaml; prints the leaderboard
+    python evaluate.py "policies=[fcfs,sarathi_512,learned:PATH]" "workloads=[azure_conv,file:/abs/t.jsonl]" \\
+        "load_scales=[1.0,2.0]" "seeds=[0,1,2]" slo=strict capacity=false output_dir=DIR
+    python evaluate.py validate=DIR/results.csv   # rerun every row; exits 1 naming each differing value
+
+Named workloads run on their test split, one window per seed; a ``file:PATH`` trace is used whole
+(split ``all``; the seed draws the arrivals of a length-only file). Writes under ``output_dir``:
+``results.csv`` and ``results.json`` (one row per policy, workload, load scale and seed; floats
+exact), ``leaderboard.md`` (also printed), ``buckets.csv`` (per prompt-length bucket),
+``capacity.csv`` (with ``capacity=true``) and PNG plots. Options: :class:`EvaluateConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import pandas as pd
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from envs.serving.capacity import CRITERIA
+from envs.serving.core import ServingConfig
+from envs.serving.metrics import SLOSpec
+from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL
+from envs.serving.workload import FILE_PREFIX
+from envs.serving.workloads.renewal import check_seed
+from leaderboard import plots
+from leaderboard.parallel import default_jobs, parallel_map
+from leaderboard.runs import (
+    TBT_PROBS,
+    CapacityJob,
+    RowResult,
+    RunSpec,
+    Setup,
+    cached_workload,
+    run_capacity,
+    run_row,
+    simulate,
+)
+from leaderboard.tables import markdown, ranking, write_csv, write_json
+from leaderboard.tracking import MODES as LOGGER_MODES
+from leaderboard.tracking import upload
+from leaderboard.validate import validate
+from policies.registry import make_policy, policy_names
+
+log = logging.getLogger("evaluate")
+
+ALL_POLICIES = "all"
+"""In ``policies``: every shipped policy (``policy_names()``: the baselines, and ``learned`` once shipped)."""
+MAX_REPORTED = 50
+"""Differing values validation prints (it counts them all)."""
+SHOWCASE_POLICIES = ("fcfs", "sarathi_512")
+"""The stall picture's pair: the first is searched for a long prompt prefilled while another request streams."""
+
+
+# ---- configuration ---------------------------------------------------------------------------
+def _mutable_schema(cls: type) -> type:
+    """``cls``'s fields as a plain dataclass: OmegaConf makes frozen-dataclass nodes read-only, and
+    the ``slo`` config group must fill this one (unknown keys and wrong types still fail)."""
+    hints = typing.get_type_hints(cls)
+    return dataclasses.make_dataclass(
+        f"{cls.__name__}Config",
+        [
+            (f.name, hints[f.name], field(default=MISSING if f.default is dataclasses.MISSING else f.default))
+            for f in dataclasses.fields(cls)
+        ],
+    )
+
+
+SLOConfig = _mutable_schema(SLOSpec)
+
+
+@dataclass
+class LoggerConfig:
+    """W&B upload of the leaderboard table and plots: ``mode`` online, offline or disabled."""
+
+    mode: str = "disabled"
+    project: str = "chunkgym"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ShowcaseConfig:
+    """The window of the timeline and batch-composition plots; null: the grid's first workload, load, seed."""
+
+    workload: str | None = None
+    load_scale: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class EvaluateConfig:
+    """``python evaluate.py KEY=VALUE ...``; the grid's defaults live in ``conf/evaluate.yaml``."""
+
+    policies: list[str] = MISSING  # conf/policy names, learned, learned:PATH, or all
+    workloads: list[str] = MISSING  # conf/workload names or file:PATH
+    load_scales: list[float] = MISSING  # arrival-rate multipliers
+    seeds: list[int] = MISSING  # one test window (or arrival draw) per seed
+    slo: SLOConfig = field(default_factory=SLOConfig)  # config group conf/slo
+    model: str = DEFAULT_MODEL  # conf/model name
+    hardware: str = DEFAULT_HARDWARE  # conf/hardware name
+    tp: int = 1  # tensor-parallel degree
+    cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
+    serving: ServingConfig = field(default_factory=ServingConfig)  # engine settings
+    window_s: float | None = None  # window length (trace s) for named workloads; null: each one's own
+    capacity: bool = False  # also search each policy's capacity (both criteria) -> capacity.csv
+    capacity_rel_tol: float = 0.01  # the capacity search's relative bracket width
+    n_jobs: int = 0  # worker processes; 0: every core
+    progress: bool = True  # progress bar on stderr
+    plots: bool = True  # write the PNG plots
+    showcase: ShowcaseConfig = field(default_factory=ShowcaseConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
+    validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+
+
+# ---- the grid ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """The checked grid: its rows in (workload, load, policy, seed) order, and the showcase runs."""
+
+    specs: list[RunSpec]
+    showcase: list[RunSpec]
+
+
+def plan(conf: EvaluateConfig) -> Plan:
+    """Resolve and check every name and value up front, so a typo fails before any simulation."""
+    policies = _unique("policies", _resolve_policies(conf.policies))
+    workloads = _unique("workloads", conf.workloads)
+    _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
+    loads = _unique("load_scales", conf.load_scales)
+    seeds = _unique("seeds", [check_seed(s) for s in conf.seeds])
+    bad = [x for x in loads if not (x > 0 and math.isfinite(x))]
+    if bad:
+        raise ValueError(f"load_scales must be positive numbers, got {bad}")
+    if conf.logger.mode not in LOGGER_MODES:
+        raise ValueError(f"logger.mode must be one of {', '.join(LOGGER_MODES)}, got {conf.logger.mode!r}")
+    if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
+        raise ValueError(f"window_s must be a positive number of seconds or null, got {conf.window_s}")
+    setup = Setup.create(
+        conf.model,
+        conf.hardware,
+        conf.tp,
+        SLOSpec(**dataclasses.asdict(conf.slo)),
+        conf.cost_model,
+        conf.serving,
+    )
+    setup.build()  # unknown model or hardware, or a missing cost model, fails here
+    specs = [
+        RunSpec(p, w, x, s, setup, conf.window_s)
+        for w in workloads
+        for x in loads
+        for p in policies
+        for s in seeds
+    ]
+    show = conf.showcase
+    window = (
+        workloads[0] if show.workload is None else show.workload,
+        loads[0] if show.load_scale is None else show.load_scale,
+        seeds[0] if show.seed is None else check_seed(show.seed),
+    )
+    return Plan(specs, [RunSpec(p, *window, setup, conf.window_s) for p in SHOWCASE_POLICIES])
+
+
+def _resolve_policies(names: list[str]) -> list[str]:
+    expanded = [n for name in names for n in (policy_names() if name == ALL_POLICIES else [name])]
+    errors = []
+    for name in expanded:
+        try:
+            make_policy(name)
+        except (ValueError, ImportError) as exc:
+            errors.append(f"{exc} (or {ALL_POLICIES!r} for every shipped policy)")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return expanded
+
+
+def _check_workloads(names: list[str]) -> None:
+    errors = []
+    for name in names:
+        try:
+            cached_workload(name)
+        except ValueError as exc:
+            hint = "" if name.startswith(FILE_PREFIX) else f" (or {FILE_PREFIX}PATH for any trace file)"
+            errors.append(f"{exc}{hint}")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
+def _unique(key: str, values: list) -> list:
+    if not values:
+        raise ValueError(f"{key} is empty")
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"{key} lists {', '.join(twice)} more than once")
+    return list(values)
+
+
+# ---- evaluation ----------------------------------------------------------------------------
+def evaluate(conf: EvaluateConfig, grid: Plan, out: Path) -> None:
+    """Run the grid, write every file under ``out``, print the leaderboard, upload if a logger is on."""
+    start = time.perf_counter()
+    n_jobs = conf.n_jobs or default_jobs()
+    log.info("%d rows on %d processes -> %s", len(grid.specs), n_jobs, out)
+    done: list[RowResult] = parallel_map(run_row, grid.specs, n_jobs, "evaluate", conf.progress)
+    results = write_csv([d.row for d in done], out / "results.csv")
+    write_json([d.row for d in done], out / "results.json")
+    write_csv([b for d in done for b in d.buckets], out / "buckets.csv")
+    capacity = measure_capacities(conf, grid.specs, out / "capacity.csv") if conf.capacity else None
+    ranked = ranking(results)
+    board = markdown(results, ranked, capacity)
+    (out / "leaderboard.md").write_text(board)
+    images = draw(grid, results, done, ranked, out) if conf.plots else []
+    print(board, flush=True)
+    tables = {"leaderboard": ranked, **({"capacity": capacity} if capacity is not None else {})}
+    lc = conf.logger
+    config = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True)
+    upload(lc.mode, lc.project, lc.entity, lc.name, lc.tags, config, tables, images, out)
+    log.info("evaluated %d rows in %.1f s; files in %s", len(grid.specs), time.perf_counter() - start, out)
+
+
+def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -> pd.DataFrame:
+    """capacity.csv: per (policy, workload, seed) the load scale and request rate at capacity, per criterion."""
+    bases = list(dict.fromkeys(dataclasses.replace(s, load_scale=1.0) for s in specs))
+    jobs = [CapacityJob(s, c, conf.capacity_rel_tol) for s in bases for c in CRITERIA]
+    found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress))
+    rows = []
+    for s in bases:
+        row = {"policy": s.policy, "workload": s.workload, "seed": s.seed}
+        for criterion in CRITERIA:
+            row[f"capacity_{criterion}_scale"], row[f"capacity_{criterion}_rps"] = next(found)
+        setup = s.setup
+        row.update(hardware=setup.hardware, model=setup.model, tp=setup.tp, slo=setup.slo.name)
+        row.update(cost_model=setup.cost_model, split=s.split, window_s=s.effective_window_s())
+        rows.append(row)
+    return write_csv(rows, path)
+
+
+def draw(
+    grid: Plan, results: pd.DataFrame, done: list[RowResult], ranked: pd.DataFrame, out: Path
+) -> list[Path]:
+    """Every plot; the timeline and composition plots simulate the showcase pair on one window."""
+    images = [
+        plots.goodput_vs_load(ranked, out / "goodput_vs_load.png"),
+        plots.tbt_cdfs(results, [d.tbt_quantiles for d in done], TBT_PROBS, out / "tbt_cdf.png"),
+    ]
+    runs = {s.policy: simulate(s)[1] for s in grid.showcase}
+    first = grid.showcase[0]
+    title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}"
+    stall = plots.find_stall(runs[first.policy])
+    if stall is None:
+        log.warning("%s: no prompt was prefilled while another request streamed; no timeline plot", title)
+        span = (0.0, 30.0)
+    else:
+        setup = first.setup.build()
+        images.append(plots.timeline(runs, stall, setup.slo, title, out / "timeline_fcfs_vs_sarathi.png"))
+        ends = [float(r.token_times[stall.long][0]) for r in runs.values()]
+        span = (float(runs[first.policy].outcomes.arrival[stall.long]) - 2.0, max(ends) + 2.0)
+    images.append(plots.batch_composition(runs, span, out / "batch_composition.png"))
+    return images
+
+
+# ---- entry point ---------------------------------------------------------------------------
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    conf: EvaluateConfig = OmegaConf.to_object(cfg)
+    if conf.validate:
+        try:
+            rows, problems = validate(conf.validate, conf.n_jobs, conf.progress)
+        except ValueError as exc:
+            raise SystemExit(f"evaluate.py: error: {exc}") from exc
+        for problem in problems[:MAX_REPORTED]:
+            print(problem, file=sys.stderr)
+        if problems:
+            more = f" (first {MAX_REPORTED} shown)" if len(problems) > MAX_REPORTED else ""
+            hint = (
+                "; config_hash differs, so the configuration changed"
+                if "config_hash" in str(problems)
+                else ""
+            )
+            raise SystemExit(
+                f"evaluate.py: {len(problems)} value(s) of {conf.validate} do not reproduce{more}{hint}"
+            )
+        print(f"{conf.validate}: all {rows} rows reproduce")
+        return
+    try:
+        grid = plan(conf)
+    except (ValueError, FileNotFoundError) as exc:  # a bad name, value or file: the message says which
+        raise SystemExit(f"evaluate.py: error: {exc}") from exc
+    evaluate(conf, grid, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

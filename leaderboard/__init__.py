@@ -1,0 +1,1 @@
+"""The leaderboard's parts behind ``evaluate.py``: runs (one row each), tables, plots, validation, tracking."""

@@ -1,0 +1,200 @@
+"""The leaderboard's PNG plots (matplotlib, no display needed).
+
+* goodput and SLO attainment against load, per workload;
+* CDFs of the pooled token gaps (TBT), per workload and load;
+* the stall picture: one streaming request's token gaps while a long prompt is prefilled,
+  FCFS beside Sarathi (:func:`find_stall` picks the pair);
+* per-iteration batch composition (prefill vs decode tokens) over the same stretch of time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from envs.serving.metrics import SLO  # noqa: E402
+from envs.serving.simulator import SimResult  # noqa: E402
+
+LONGEST_CANDIDATES = 20
+"""Longest prompts tried, longest first, when looking for one prefilled while another request streams."""
+
+
+def _styles(names: Sequence[str]) -> dict[str, dict]:
+    """The same colour and line style for a policy in every plot (ten colours, then dashed)."""
+    cmap = plt.get_cmap("tab10")
+    return {
+        name: {"color": cmap(i % 10), "ls": "-" if i < 10 else "--"}
+        for i, name in enumerate(sorted(set(names)))
+    }
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def goodput_vs_load(ranked: pd.DataFrame, path: Path) -> Path:
+    """Goodput (with 95% CIs over seeds) and SLO attainment against load scale; one column per workload."""
+    workloads = list(dict.fromkeys(ranked["workload"]))
+    styles = _styles(ranked["policy"])
+    fig, axes = plt.subplots(
+        2,
+        len(workloads),
+        figsize=(4.5 * len(workloads), 7),
+        squeeze=False,
+        sharex="col",
+        layout="constrained",
+    )
+    for j, wl in enumerate(workloads):
+        sub = ranked[ranked["workload"] == wl]
+        for policy, g in sub.groupby("policy", sort=False):
+            g = g.sort_values("load_scale")
+            kw = {**styles[policy], "marker": "o", "ms": 3, "label": policy}
+            axes[0, j].errorbar(g["load_scale"], g["goodput_mean"], yerr=g["goodput_ci95"], capsize=2, **kw)
+            axes[1, j].plot(g["load_scale"], g["slo_attainment_mean"], **kw)
+        axes[0, j].set_title(wl)
+        axes[0, j].set_ylabel("goodput (req/s)")
+        axes[1, j].set_ylabel("SLO attainment")
+        axes[1, j].set_ylim(-0.02, 1.02)
+        axes[1, j].set_xlabel("load scale")
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            loads = sorted(sub["load_scale"].unique())
+            ax.set_xticks(loads, labels=[f"{x:g}x" for x in loads])
+            ax.grid(alpha=0.3)
+    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    return _save(fig, path)
+
+
+def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndarray, path: Path) -> Path:
+    """CDF of every token gap of the first seed's window, per workload (rows) and load (columns)."""
+    seed = rows["seed"].min()
+    workloads = list(dict.fromkeys(rows["workload"]))
+    loads = sorted(rows["load_scale"].unique())
+    styles = _styles(rows["policy"])
+    fig, axes = plt.subplots(
+        len(workloads),
+        len(loads),
+        figsize=(4.2 * len(loads), 3.2 * len(workloads)),
+        squeeze=False,
+        layout="constrained",
+    )
+    for (_, row), q in zip(rows.iterrows(), quantiles, strict=True):
+        if row["seed"] != seed or np.isnan(q).all():
+            continue
+        ax = axes[workloads.index(row["workload"]), loads.index(row["load_scale"])]
+        ax.plot(np.maximum(q, 1e-4), probs, **styles[row["policy"]], label=row["policy"], lw=1.2)
+    for i, wl in enumerate(workloads):
+        bounds = rows.loc[rows["workload"] == wl, ["slo_tpot_s", "slo_stall_s"]].iloc[0]
+        for j, load in enumerate(loads):
+            ax = axes[i, j]
+            ax.axvline(bounds["slo_tpot_s"], color="k", ls="--", lw=0.8)
+            ax.axvline(bounds["slo_stall_s"], color="k", ls=":", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.01)
+            ax.set_title(f"{wl}, load {load:g}x, seed {seed}", fontsize=9)
+            ax.set_ylabel("CDF")
+            ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("token gap (s); dashed: TPOT bound, dotted: stall bound", fontsize=8)
+    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A long prompt (``long``) and a request streaming across its prefill (``stream``), by request id."""
+
+    long: int
+    stream: int
+    prefill_start: float
+    prefill_end: float
+
+
+def find_stall(result: SimResult) -> Stall | None:
+    """In ``result`` (an FCFS run), the longest prompt prefilled while another request was decoding,
+    and the request with the most tokens among those streaming across that prefill."""
+    out, times = result.outcomes, result.token_times
+    finished = np.flatnonzero(out.finished)
+    longest = finished[np.argsort(-out.prompt_len[finished], kind="stable")][:LONGEST_CANDIDATES]
+    for long in longest:
+        start = float(out.arrival[long] + out.sched_delay[long])
+        end = float(times[long][0])
+        streams = [
+            (len(t), -rid)
+            for rid, t in times.items()
+            if rid != long and len(t) > 1 and t[0] < start and t[-1] > end
+        ]
+        if streams:
+            return Stall(int(long), -max(streams)[1], start, end)
+    return None
+
+
+def _prefill_span(result: SimResult, rid: int) -> tuple[float, float]:
+    out = result.outcomes
+    return float(out.arrival[rid] + out.sched_delay[rid]), float(result.token_times[rid][0])
+
+
+def timeline(results: Mapping[str, SimResult], stall: Stall, slo: SLO, title: str, path: Path) -> Path:
+    """Side by side per policy: the streaming request's token gaps over time, the long prompt's
+    arrival (line) and prefill (shaded), and the TPOT and stall bounds."""
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(6 * len(results), 4), squeeze=False, sharey=True, layout="constrained"
+    )
+    prompt = int(next(iter(results.values())).outcomes.prompt_len[stall.long])
+    for ax, (policy, result) in zip(axes[0], results.items(), strict=True):
+        t = result.token_times[stall.stream]
+        gaps = np.diff(t)
+        ax.stairs(gaps, t, baseline=None, lw=1.2, label=f"request {stall.stream}: gap between its tokens")
+        ax.axvline(
+            result.outcomes.arrival[stall.long], color="tab:red", lw=1, label=f"request {stall.long} arrives"
+        )
+        ax.axvspan(*_prefill_span(result, stall.long), color="tab:red", alpha=0.15, label="its prefill")
+        ax.axhline(slo.tpot_s, color="k", ls="--", lw=0.8, label="TPOT bound")
+        ax.axhline(slo.stall_s, color="k", ls=":", lw=0.8, label="stall bound")
+        ax.set_yscale("log")
+        ax.set_title(f"{policy}: max gap {gaps.max() * 1e3:.0f} ms", fontsize=10)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("token gap (s)")
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(
+        f"{title}: a {prompt}-token prompt arrives while request {stall.stream} streams", fontsize=11
+    )
+    return _save(fig, path)
+
+
+def batch_composition(results: Mapping[str, SimResult], span: tuple[float, float], path: Path) -> Path:
+    """Stacked decode and prefill tokens of every iteration starting within ``span`` (seconds)."""
+    fig, axes = plt.subplots(
+        len(results), 1, figsize=(10, 2.6 * len(results)), squeeze=False, sharex=True, layout="constrained"
+    )
+    for ax, (policy, result) in zip(axes[:, 0], results.items(), strict=True):
+        it = result.iterations
+        keep = (it["start"] >= span[0]) & (it["start"] <= span[1])
+        x = (
+            np.append(it["start"][keep], it["start"][keep][-1] + it["latency"][keep][-1])
+            if keep.any()
+            else []
+        )
+        dec = np.append(it["decode_tokens"][keep], 0)
+        both = dec + np.append(it["prefill_tokens"][keep], 0)
+        if len(x):
+            ax.fill_between(x, 0, dec, step="post", color="tab:blue", lw=0, label="decode tokens")
+            ax.fill_between(x, dec, both, step="post", color="tab:orange", lw=0, label="prefill tokens")
+        ax.set_title(policy, fontsize=10)
+        ax.set_ylabel("tokens / iteration")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("time (s)")
+    axes[-1, 0].set_xlim(*span)
+    return _save(fig, path)

@@ -1,0 +1,261 @@
+"""One leaderboard row: its trace, its serving setup, its policy, and the simulation that fills it.
+
+A :class:`RunSpec` is everything a row's numbers depend on besides the code and the trace files.
+Its inputs are written into the row itself, so ``evaluate.py validate=`` rebuilds the spec from
+the row (:meth:`RunSpec.from_row`) and reruns it. Workloads and serving setups are cached per
+process, so each parallel worker parses a trace file once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import yaml
+
+import envs
+from chunkgym.provenance import config_hash, git_commit
+from envs.serving.capacity import measure_capacity
+from envs.serving.core import ServingConfig
+from envs.serving.metrics import SLOSpec, bucket_summaries
+from envs.serving.setup import ServingSetup, serving_config
+from envs.serving.simulator import SimResult
+from envs.serving.specs import from_mapping, load_hardware, load_model
+from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
+from policies.registry import POLICY_DIR, make_policy
+
+BACKEND = "sim"
+TEST_SPLIT = "test"
+KEY_COLUMNS = ("policy", "workload", "load_scale", "seed")
+TBT_PROBS = np.concatenate([np.linspace(0.0, 0.9, 91), 1.0 - np.logspace(-1, -5, 81)[1:], [1.0]])
+"""Probabilities at which a row keeps its pooled token-gap quantiles (dense in the tail) for the CDF plot."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The serving setup shared by a run's rows, hashable (``serving``: canonical JSON of ServingConfig)."""
+
+    model: str
+    hardware: str
+    tp: int
+    slo: SLOSpec
+    cost_model: str
+    serving: str
+
+    @classmethod
+    def create(
+        cls,
+        model: str,
+        hardware: str,
+        tp: int,
+        slo: SLOSpec,
+        cost_model: str,
+        serving: ServingConfig | Mapping[str, Any] | None = None,
+    ) -> Setup:
+        config = serving_config(dict(serving) if isinstance(serving, Mapping) else serving)
+        return cls(
+            model, hardware, tp, slo, cost_model, json.dumps(dataclasses.asdict(config), sort_keys=True)
+        )
+
+    def build(self) -> ServingSetup:
+        """The serving setup (cached per process); fails on unknown names or a missing cost model."""
+        return _serving_setup(self)
+
+
+@functools.lru_cache(maxsize=8)
+def _serving_setup(setup: Setup) -> ServingSetup:
+    return ServingSetup.from_specs(
+        load_model(setup.model),
+        load_hardware(setup.hardware),
+        setup.tp,
+        setup.slo,
+        setup.cost_model,
+        json.loads(setup.serving),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def cached_workload(name: str) -> Workload:
+    """``load_workload(name)``, once per process."""
+    return load_workload(name)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One row: ``policy`` on ``workload``'s test split (a ``file:`` trace whole) at ``load_scale``.
+
+    ``seed`` picks the test window (or the arrivals of a length-only file); ``window_s`` overrides
+    the workload's own window length (ignored for ``file:`` workloads, which are used whole).
+    """
+
+    policy: str
+    workload: str
+    load_scale: float
+    seed: int
+    setup: Setup
+    window_s: float | None = None
+
+    @property
+    def whole_file(self) -> bool:
+        return self.workload.startswith(FILE_PREFIX)
+
+    @property
+    def split(self) -> str:
+        return "all" if self.whole_file else TEST_SPLIT
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} on {self.workload} at load {self.load_scale:g}, seed {self.seed}"
+
+    def effective_window_s(self) -> float:
+        """The window length used, in trace seconds; NaN for a whole file."""
+        if self.whole_file:
+            return math.nan
+        return cached_workload(self.workload).spec.window_s if self.window_s is None else float(self.window_s)
+
+    def trace(self) -> Trace:
+        if self.whole_file:
+            return cached_workload(self.workload).split("all", self.seed, self.load_scale)
+        return cached_workload(self.workload).window(TEST_SPLIT, self.seed, self.load_scale, self.window_s)
+
+    def config_hash(self) -> str:
+        """Hash of everything the row's numbers depend on except the code and the trace files' contents."""
+        built = self.setup.build()
+        policy_conf = POLICY_DIR / f"{self.policy}.yaml"
+        return config_hash(
+            {
+                "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf.is_file() else self.policy,
+                "workload": dataclasses.asdict(cached_workload(self.workload).spec),
+                "load_scale": self.load_scale,
+                "seed": self.seed,
+                "split": self.split,
+                "window_s": self.effective_window_s(),
+                "model": dataclasses.asdict(built.model),
+                "hardware": dataclasses.asdict(built.hardware),
+                "tp": self.setup.tp,
+                "slo": dataclasses.asdict(self.setup.slo),
+                "cost_model": [self.setup.cost_model, getattr(built.cost_model, "params", None)],
+                "serving": self.setup.serving,
+            }
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunSpec:
+        """The spec a results row was produced by (values as read back from CSV or JSON).
+
+        Raises ValueError naming the column that is missing or malformed.
+        """
+
+        def get(column: str, kind: type = str) -> Any:
+            if column not in row:
+                raise ValueError(f"column {column!r} is missing")
+            value = row[column]
+            try:
+                return kind(json.loads(value) if kind is dict else value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"column {column}: {value!r} is not a valid {kind.__name__}") from exc
+
+        if get("backend") != BACKEND:
+            raise ValueError(f"column backend: {row['backend']!r} rows cannot be rerun by the simulator")
+        slo = from_mapping(SLOSpec, get("slo_spec", dict), source="column slo_spec")
+        serving = get("serving", dict)
+        try:
+            setup = Setup.create(
+                get("model"), get("hardware"), get("tp", int), slo, get("cost_model"), serving
+            )
+        except ValueError as exc:
+            raise ValueError(f"column serving: {exc}") from exc
+        window = row.get("window_s")
+        window = None if window in (None, "") or math.isnan(float(window)) else float(window)
+        return cls(get("policy"), get("workload"), get("load_scale", float), get("seed", int), setup, window)
+
+
+@dataclass
+class RowResult:
+    """A simulated row: its results columns, its prompt-length buckets and its token-gap quantiles."""
+
+    row: dict[str, Any]
+    buckets: list[dict[str, Any]]
+    tbt_quantiles: np.ndarray
+
+
+def simulate(spec: RunSpec) -> tuple[Trace, SimResult]:
+    """Run ``spec``'s policy (a fresh one) on its trace."""
+    trace = spec.trace()
+    return trace, spec.setup.build().simulator(trace).run(make_policy(spec.policy))
+
+
+def run_row(spec: RunSpec) -> RowResult:
+    """Simulate ``spec`` and lay its results out as the leaderboard's columns."""
+    trace, result = simulate(spec)
+    setup = spec.setup.build()
+    keys = {
+        "policy": spec.policy,
+        "workload": spec.workload,
+        "load_scale": spec.load_scale,
+        "seed": spec.seed,
+    }
+    row = {
+        **keys,
+        "backend": BACKEND,
+        "hardware": spec.setup.hardware,
+        "model": spec.setup.model,
+        "tp": spec.setup.tp,
+        "slo": spec.setup.slo.name,
+        "cost_model": spec.setup.cost_model,
+        "split": spec.split,
+        "window_s": spec.effective_window_s(),
+        "source": trace.source,
+        "offset_s": trace.offset_s,
+        "span_s": trace.span_s,
+        **result.metrics,
+        "slo_tpot_s": setup.slo.tpot_s,
+        "slo_stall_s": setup.slo.stall_s,
+        "cost_model_source": setup.cost_model.description,
+        "slo_spec": json.dumps(dataclasses.asdict(spec.setup.slo), sort_keys=True),
+        "serving": spec.setup.serving,
+        "env_version": envs.ENV_ID,
+        "config_hash": spec.config_hash(),
+        "git_commit": git_commit(),
+    }
+    buckets = [{**keys, **bucket} for bucket in bucket_summaries(result.outcomes)]
+    gaps = np.concatenate(result.outcomes.gaps) if result.outcomes.gaps else np.empty(0)
+    quantiles = np.quantile(gaps, TBT_PROBS) if len(gaps) else np.full(len(TBT_PROBS), np.nan)
+    return RowResult(row, buckets, quantiles)
+
+
+@dataclass(frozen=True)
+class CapacityJob:
+    """One capacity search: ``spec``'s policy, workload and seed (its load scale is searched)."""
+
+    spec: RunSpec
+    criterion: str
+    rel_tol: float = 0.01
+
+    @property
+    def label(self) -> str:
+        s = self.spec
+        return f"{self.criterion} capacity of {s.policy} on {s.workload}, seed {s.seed}"
+
+
+def run_capacity(job: CapacityJob) -> tuple[float, float]:
+    """(load scale, requests/s) at capacity, from the shared search in :mod:`envs.serving.capacity`."""
+    s = job.spec
+    capacity = measure_capacity(
+        s.setup.build(),
+        cached_workload(s.workload),
+        functools.partial(make_policy, s.policy),
+        criterion=job.criterion,
+        split=s.split,
+        seed=s.seed,
+        window_s=s.window_s,
+        rel_tol=job.rel_tol,
+        whole_split=s.whole_file,
+    )
+    return capacity.scale, capacity.rps

@@ -1,0 +1,179 @@
+"""The schema of ``train.py``'s configuration, registered in Hydra's ConfigStore as ``train_schema``.
+
+The primary config ``conf/train.yaml`` starts from this schema, so every group YAML
+(``hardware``, ``model``, ``workload``, ``slo``, ``algo``, ``logger``) and every
+command-line override is checked against a dataclass before anything runs: an
+unknown key, a wrong type or an unknown enum value fails in Hydra with the key's
+full name.  The serving specs are the library's own dataclasses (not copies), so a
+config that composes is one the env accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from envs.serving.core import ServingConfig
+from envs.serving.metrics import SLOSpec
+from envs.serving.specs import HardwareSpec, ModelSpec
+from envs.serving.workload import WorkloadSpec
+
+SCHEMA_NAME = "train_schema"
+
+
+class Choice(Enum):
+    """An enum whose members read as their values, also inside interpolated strings (run dirs)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class AlgoName(Choice):
+    maskable_ppo = "maskable_ppo"  # sb3-contrib MaskablePPO: samples only valid actions
+    ppo = "ppo"  # SB3 PPO: ignores masks; the env maps invalid actions to equivalent valid ones
+
+
+class VecEnvKind(Choice):
+    dummy = "dummy"  # all envs in the training process (cheapest on few cores)
+    subproc = "subproc"  # one process per env
+
+
+class Schedule(Choice):
+    constant = "constant"
+    linear = "linear"  # decays to 0 at algo.total_timesteps
+
+
+class Activation(Choice):
+    tanh = "tanh"
+    relu = "relu"
+
+
+class TrackerMode(Choice):
+    auto = "auto"  # $WANDB_MODE if set, else online with WANDB_API_KEY, else offline
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class EnvConfig:
+    """Training episodes of ``chunkgym/ChunkedPrefill-v0`` (see its docstring for each field)."""
+
+    tp: int = 1
+    cost_model: str = "calibrated"  # calibrated | roofline | path of a coefficient file
+    load_scale: list[float] = field(default_factory=lambda: [1.0, 2.0])  # [low, high], uniform per episode
+    window_s: float | None = 60.0  # trace-seconds per training episode; None = the workload's window_s
+    max_steps: int = 200_000
+    reward_scale: float = 0.1
+
+
+@dataclass
+class AlgoConfig:
+    """PPO-family hyperparameters (SB3 names); ``total_timesteps`` is the run's total, also on resume."""
+
+    name: AlgoName = MISSING
+    total_timesteps: int = 100_000
+    n_envs: int = 4
+    vec_env: VecEnvKind = VecEnvKind.dummy
+    learning_rate: float = 3e-4
+    lr_schedule: Schedule = Schedule.constant
+    n_steps: int = 512  # per env and rollout
+    batch_size: int = 256
+    n_epochs: int = 10
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])  # policy and value MLPs (separate)
+    activation: Activation = Activation.tanh
+    normalize_reward: bool = True
+    clip_obs: float = 10.0
+
+
+@dataclass
+class EvalConfig:
+    """Deterministic evaluation on fixed windows of the workload's val split (never test)."""
+
+    every_steps: int = 20_000
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    load_scale: float = 1.5
+    window_s: float | None = None  # None = the workload's window_s
+    baseline: str = "sarathi_512"  # a conf/policy name, evaluated once per run on the same windows
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 20_000
+    keep: int = 3  # most recent checkpoints kept on disk
+
+
+@dataclass
+class LoggerConfig:
+    """Weights & Biases (failures never stop training) and TensorBoard."""
+
+    mode: TrackerMode = TrackerMode.auto
+    project: str = "chunkgym"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; ``OmegaConf.to_object`` of the composed config."""
+
+    hardware: HardwareSpec = MISSING
+    model: ModelSpec = MISSING
+    workload: WorkloadSpec = MISSING
+    slo: SLOSpec = MISSING
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    algo: AlgoConfig = MISSING
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = MISSING
+    seed: int = 0
+    data_root: str | None = None  # None = chunkgym.data_root() ($CHUNKGYM_DATA or ../shared/data)
+    resume: bool = True  # continue from the run folder's last checkpoint if there is one
+    torch_threads: int = 1
+    progress: bool = True
+
+
+def schema() -> DictConfig:
+    """:class:`TrainConfig` as a typed node.
+
+    ``HardwareSpec``, ``ModelSpec`` and ``SLOSpec`` are frozen dataclasses, which
+    OmegaConf turns into read-only nodes that group YAMLs could not be merged into;
+    their nodes are made writable here and keep their types, so validation stays.
+    """
+    node = OmegaConf.structured(TrainConfig)
+    for key, spec in (("hardware", HardwareSpec), ("model", ModelSpec), ("slo", SLOSpec)):
+        node[key] = OmegaConf.structured(spec)
+        OmegaConf.set_readonly(node[key], False)
+    return node
+
+
+def register_configs() -> None:
+    """Store the schema so that ``conf/train.yaml`` can list it first in its defaults."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema())
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain JSON-able containers (enums as their names)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``)."""
+    out = OmegaConf.to_object(cfg)
+    if not isinstance(out, TrainConfig):
+        raise TypeError(f"expected a config composed from {SCHEMA_NAME!r}, got {type(out).__name__}")
+    return out

@@ -1,0 +1,111 @@
+"""Turn a trained SB3 policy and its VecNormalize statistics into an export directory.
+
+Writes ``policy.safetensors``, ``policy.pt2`` and, last, ``policy.json`` (which holds
+the other files' SHA-256), as :mod:`policies.exported` documents and reads.  The
+network is copied layer by layer into :class:`~policies.exported.PolicyNet`; only
+MLP policies (SB3's ``MlpPolicy`` on a flat Box observation) are supported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.vec_env import VecNormalize
+from torch import nn
+
+from policies.exported import (
+    ACTIVATIONS,
+    FORMAT,
+    FORMAT_VERSION,
+    PROGRAM_FILE,
+    SPEC_FILE,
+    WEIGHTS_FILE,
+    ExportedPolicy,
+    PolicyNet,
+    env_contract,
+    env_feature_set,
+    sha256_of,
+)
+
+
+def policy_net(model: OnPolicyAlgorithm, vecnorm: VecNormalize, masked: bool) -> PolicyNet:
+    """A :class:`PolicyNet` computing ``model``'s deterministic actions on raw observations."""
+    policy = model.policy
+    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
+    acts = {type(m) for m in policy.mlp_extractor.policy_net if not isinstance(m, nn.Linear)}
+    names = [name for name, cls in ACTIVATIONS.items() if {cls} == acts]
+    if not vecnorm.norm_obs:
+        raise ValueError("the VecNormalize wrapper must normalise observations (norm_obs=True)")
+    if not linears or not names or not isinstance(policy.action_net, nn.Linear):
+        raise ValueError(f"only MLP policies with one of {sorted(ACTIVATIONS)} can be exported, got {policy}")
+    sizes = [linears[0].in_features] + [m.out_features for m in linears]
+    net = PolicyNet(sizes, model.action_space.nvec.tolist(), names[0], masked)
+    src = [*linears, policy.action_net]
+    dst = [m for m in net.body if isinstance(m, nn.Linear)] + [net.head]
+    with torch.no_grad():
+        for a, b in zip(src, dst, strict=True):
+            b.weight.copy_(a.weight)
+            b.bias.copy_(a.bias)
+        net.obs_mean.copy_(torch.as_tensor(vecnorm.obs_rms.mean))
+        net.obs_var.copy_(torch.as_tensor(vecnorm.obs_rms.var))
+        net.obs_epsilon.fill_(vecnorm.epsilon)
+        net.obs_clip.fill_(vecnorm.clip_obs)
+    return net.eval()
+
+
+def policy_spec(net: PolicyNet, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The ``policy.json`` content, without the file hashes."""
+    state = net.state_dict()
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **env_contract(),
+        "feature_set": env_feature_set(),
+        "network": {
+            "sizes": [net.body[0].in_features] + [m.out_features for m in net.body if isinstance(m, nn.Linear)],
+            "activation": next(n for n, c in ACTIVATIONS.items() if isinstance(net.body[1], c)),
+            "masked": net.masked,
+        },
+        "normalisation": {
+            "obs_mean": state["obs_mean"].tolist(),
+            "obs_var": state["obs_var"].tolist(),
+            "obs_epsilon": float(state["obs_epsilon"]),
+            "obs_clip": float(state["obs_clip"]),
+        },
+        "signature": "forward(obs: float32[N, F], mask: bool[N, sum(nvec)]) -> int64[N, len(nvec)]",
+        **provenance,
+    }
+
+
+def in_memory_policy(net: PolicyNet, provenance: dict[str, Any] | None = None) -> ExportedPolicy:
+    """The scheduler that the export of ``net`` would load as (used for evaluation during training)."""
+    return ExportedPolicy(net, policy_spec(net, provenance or {}))
+
+
+def export_program(net: PolicyNet) -> torch.export.ExportedProgram:
+    """``net`` as a ``torch.export`` program with a dynamic batch dimension."""
+    n_features = net.obs_mean.shape[0]
+    batch = torch.export.Dim("N", min=1, max=1 << 20)
+    example = (torch.zeros(2, n_features), torch.ones(2, sum(net.nvec), dtype=torch.bool))
+    return torch.export.export(net, example, dynamic_shapes={"obs": {0: batch}, "mask": {0: batch}})
+
+
+def write_export(net: PolicyNet, directory: str | Path, provenance: dict[str, Any]) -> dict[str, Any]:
+    """Write the three artefacts into ``directory``; returns the policy.json content."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = policy_spec(net, provenance)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, directory / WEIGHTS_FILE)
+    torch.export.save(export_program(net), directory / PROGRAM_FILE)
+    spec["files"] = {name: sha256_of(directory / name) for name in (WEIGHTS_FILE, PROGRAM_FILE)}
+    spec["exported_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tmp = directory / (SPEC_FILE + ".tmp")
+    tmp.write_text(json.dumps(spec, indent=2) + "\n")
+    tmp.replace(directory / SPEC_FILE)
+    return spec

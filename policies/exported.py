@@ -1,0 +1,280 @@
+"""Run an exported policy without SB3: ``policy.json`` + ``policy.safetensors`` -> a scheduler.
+
+An export directory (written by :mod:`policies.export`) holds:
+
+* ``policy.json``: env id and version, feature set and names, action space (nvec,
+  budget levels, allocation rules), network shape, observation normalisation, the
+  SHA-256 of the other two files, and provenance (config hash, git commit, steps);
+* ``policy.safetensors``: the weights of :class:`PolicyNet`, normalisation included;
+* ``policy.pt2``: the same module as a ``torch.export`` program.
+
+:func:`load_policy` reads only the JSON and the safetensors file, so loading never
+unpickles anything; every field, file hash and tensor shape is checked against this
+code's env, and a mismatch names the file and what is wrong.  The result is an
+:class:`~envs.serving.scheduling.Policy`, so the simulator, ``evaluate.py`` and the
+real engine run it unchanged.  Per decision it computes the features, normalises
+them, runs the MLP in numpy (a single-row torch call costs ~40 us of dispatch;
+numpy ~9 us) and hands the masked-argmax action to the shared planner.
+:func:`load_program` runs ``policy.pt2`` (``torch.export.load`` unpickles, so the
+file's hash is verified first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.envs.registration import parse_env_id
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+import envs
+from envs.actions import BUDGET_LEVELS, NVEC, action_mask, action_plan
+from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.features import FEATURE_NAMES_V0, features_v0
+from envs.serving.scheduling import RULE_NAMES, Plan, Policy, View
+
+FORMAT = "chunkgym-policy"
+FORMAT_VERSION = 1
+SPEC_FILE = "policy.json"
+WEIGHTS_FILE = "policy.safetensors"
+PROGRAM_FILE = "policy.pt2"
+ENV_VERSION = parse_env_id(envs.ENV_ID)[2]
+FEATURE_SETS: dict[str, tuple[Callable[[View], np.ndarray], tuple[str, ...]]] = {
+    "features_v0": (features_v0, FEATURE_NAMES_V0),
+}
+"""Feature functions an exported policy may name, with their feature names."""
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+class ExportError(ValueError):
+    """An export directory that this code cannot run: names the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+
+
+class PolicyNet(nn.Module):
+    """``forward(obs float32[N, F], mask bool[N, sum(nvec)]) -> int64[N, len(nvec)]``.
+
+    Normalises like SB3's VecNormalize (float64, then clipped and cast to float32),
+    runs the policy MLP and returns each action dimension's argmax over its logits,
+    invalid entries masked out when ``masked`` (PPO trained without masks ignores it:
+    the env maps an invalid action to the valid one with the same plan, and so does
+    :func:`envs.actions.action_plan`).
+    """
+
+    def __init__(
+        self, sizes: Sequence[int], nvec: Sequence[int], activation: str = "tanh", masked: bool = True
+    ) -> None:
+        super().__init__()
+        if len(sizes) < 2:
+            raise ValueError(f"sizes must list the input and at least one hidden layer, got {sizes}")
+        n_features = sizes[0]
+        self.register_buffer("obs_mean", torch.zeros(n_features, dtype=torch.float64))
+        self.register_buffer("obs_var", torch.ones(n_features, dtype=torch.float64))
+        self.register_buffer("obs_epsilon", torch.tensor(1e-8, dtype=torch.float64))
+        self.register_buffer("obs_clip", torch.tensor(10.0, dtype=torch.float64))
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(fan_in, fan_out), ACTIVATIONS[activation]()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(sizes[-1], sum(nvec))
+        self.nvec = tuple(int(n) for n in nvec)
+        self.masked = masked
+
+    def normalise(self, obs: torch.Tensor) -> torch.Tensor:
+        x = (obs.to(torch.float64) - self.obs_mean) / torch.sqrt(self.obs_var + self.obs_epsilon)
+        return torch.clamp(x, -self.obs_clip, self.obs_clip).to(torch.float32)
+
+    def forward(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.body(self.normalise(obs)))
+        if self.masked:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        return torch.stack([part.argmax(dim=1) for part in logits.split(self.nvec, dim=1)], dim=1)
+
+
+class ExportedPolicy(Policy):
+    """A trained policy as a scheduler: features -> normalise -> MLP -> masked argmax -> plan."""
+
+    def __init__(self, net: PolicyNet, spec: dict[str, Any]) -> None:
+        self.net = net.eval()
+        self.spec = spec
+        self.name = spec.get("name", "learned")
+        self.features = FEATURE_SETS[spec["feature_set"]][0]
+        self.masked = net.masked
+        self.n_levels = net.nvec[0]
+        state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+        self._mean = state["obs_mean"]
+        self._std = np.sqrt(state["obs_var"] + state["obs_epsilon"])
+        self._clip = float(state["obs_clip"])
+        linears = [m for m in net.body if isinstance(m, nn.Linear)] + [net.head]
+        self._weights = [(m.weight.detach().numpy().copy(), m.bias.detach().numpy().copy()) for m in linears]
+        self._act = np.tanh if isinstance(net.body[1], nn.Tanh) else _relu
+
+    def act_one(self, obs: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+        """The action for one observation (numpy; same arithmetic as :class:`PolicyNet`)."""
+        x = np.clip((obs.astype(np.float64) - self._mean) / self._std, -self._clip, self._clip)
+        h = x.astype(np.float32)
+        *hidden, (w_out, b_out) = self._weights
+        for w, b in hidden:
+            h = self._act(w @ h + b)
+        logits = w_out @ h + b_out
+        if self.masked:
+            logits = np.where(mask, logits, -np.inf)
+        k = self.n_levels
+        return int(np.argmax(logits[:k])), int(np.argmax(logits[k:]))
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Actions for a batch, through the torch module (what ``policy.pt2`` computes)."""
+        with torch.inference_mode():
+            return self.net(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)).numpy()
+
+    def plan(self, view: View) -> Plan:
+        level, rule = self.act_one(self.features(view), action_mask(view) if self.masked else None)
+        return action_plan(view, level, rule)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0, out=x)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def env_contract() -> dict[str, Any]:
+    """What an export must agree with: this code's env id, version, features and action space."""
+    return {
+        "env_id": envs.ENV_ID,
+        "env_version": ENV_VERSION,
+        "feature_names": list(ChunkedPrefillEnv.feature_names),
+        "nvec": list(NVEC),
+        "budget_levels": list(BUDGET_LEVELS),
+        "allocation_rules": list(RULE_NAMES),
+    }
+
+
+def env_feature_set() -> str:
+    """The name in :data:`FEATURE_SETS` of the features the env observes."""
+    names = tuple(ChunkedPrefillEnv.feature_names)
+    for key, (_, feature_names) in FEATURE_SETS.items():
+        if feature_names == names:
+            return key
+    raise RuntimeError(f"the env's features {names} are in no FEATURE_SETS entry: add theirs")
+
+
+def read_spec(directory: str | Path) -> dict[str, Any]:
+    """Parse and validate ``policy.json`` against the env this code implements."""
+    path = Path(directory) / SPEC_FILE
+    if not path.is_file():
+        raise ExportError(path, "file not found (not an exported policy directory?)")
+    try:
+        spec = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(path, f"not valid JSON ({exc})") from None
+    if not isinstance(spec, dict):
+        raise ExportError(path, f"expected a JSON object, got {type(spec).__name__}")
+    if spec.get("format") != FORMAT or spec.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            path,
+            f"format is {spec.get('format')!r} version {spec.get('format_version')!r}; "
+            f"this code reads {FORMAT!r} version {FORMAT_VERSION}",
+        )
+    for key, expected in env_contract().items():
+        if key not in spec:
+            raise ExportError(path, f"missing field {key!r}")
+        if spec[key] != expected:
+            raise ExportError(path, f"field {key!r} is {spec[key]!r}, but this env has {expected!r}")
+    feature_set = spec.get("feature_set")
+    if feature_set not in FEATURE_SETS:
+        raise ExportError(path, f"unknown feature_set {feature_set!r}; known: {sorted(FEATURE_SETS)}")
+    if list(FEATURE_SETS[feature_set][1]) != spec["feature_names"]:
+        raise ExportError(path, f"feature_names differ from those of feature_set {feature_set!r}")
+    net = spec.get("network")
+    if (
+        not isinstance(net, dict)
+        or not isinstance(net.get("sizes"), list)
+        or not all(isinstance(s, int) and s > 0 for s in net["sizes"])
+        or net.get("activation") not in ACTIVATIONS
+        or not isinstance(net.get("masked"), bool)
+    ):
+        raise ExportError(
+            path, f"field 'network' must hold sizes (positive ints), activation in {sorted(ACTIVATIONS)} "
+            f"and masked (bool), got {net!r}",
+        )
+    if net["sizes"][0] != len(spec["feature_names"]):
+        raise ExportError(
+            path, f"network input size {net['sizes'][0]} != {len(spec['feature_names'])} features"
+        )
+    if not isinstance(spec.get("files"), dict):
+        raise ExportError(path, "missing field 'files' (SHA-256 of the artefacts)")
+    return spec
+
+
+def verify_file(directory: str | Path, spec: dict[str, Any], name: str) -> Path:
+    """The path of artefact ``name``, after checking it exists and matches its hash in policy.json."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise ExportError(path, "file not found")
+    expected = spec["files"].get(name)
+    if expected is None:
+        raise ExportError(Path(directory) / SPEC_FILE, f"no SHA-256 recorded for {name}")
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ExportError(
+            path, f"SHA-256 {actual[:16]}... does not match policy.json ({expected[:16]}...): "
+            "the file is corrupted or was changed after export",
+        )
+    return path
+
+
+def build_net(spec: dict[str, Any]) -> PolicyNet:
+    net = spec["network"]
+    return PolicyNet(net["sizes"], spec["nvec"], net["activation"], net["masked"])
+
+
+def load_policy(directory: str | Path) -> ExportedPolicy:
+    """An exported policy as a :class:`~envs.serving.scheduling.Policy` (no SB3, no pickle)."""
+    directory = Path(directory)
+    spec = read_spec(directory)
+    path = verify_file(directory, spec, WEIGHTS_FILE)
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise ExportError(path, f"unreadable safetensors file ({exc})") from None
+    net = build_net(spec)
+    expected = net.state_dict()
+    if set(tensors) != set(expected):
+        raise ExportError(path, f"tensors {sorted(tensors)}, expected {sorted(expected)}")
+    for name, want in expected.items():
+        got = tensors[name]
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise ExportError(
+                path, f"tensor {name!r} is {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}"
+            )
+        if not torch.isfinite(got).all():
+            raise ExportError(path, f"tensor {name!r} holds NaN or infinite values")
+    net.load_state_dict(tensors)
+    norm = spec.get("normalisation", {})
+    for key in ("obs_mean", "obs_var", "obs_epsilon", "obs_clip"):
+        if key not in norm or not np.array_equal(np.asarray(norm[key]), tensors[key].numpy()):
+            raise ExportError(path, f"normalisation {key!r} differs between {SPEC_FILE} and {WEIGHTS_FILE}")
+    return ExportedPolicy(net, spec)
+
+
+def load_program(directory: str | Path) -> torch.export.ExportedProgram:
+    """``policy.pt2`` as a ``torch.export`` program; call ``.module()(obs, mask)`` to run it.
+
+    ``torch.export.load`` unpickles, so the file must first match the SHA-256 in policy.json.
+    """
+    directory = Path(directory)
+    spec = read_spec(directory)
+    path = verify_file(directory, spec, PROGRAM_FILE)
+    return torch.export.load(path)

@@ -1,0 +1,379 @@
+"""Building blocks of train.py: envs, models, val evaluation, callbacks, checkpoints, run folder.
+
+Evaluation runs the policy exactly as it will be shipped: the current SB3 weights and
+VecNormalize statistics are converted to :class:`~policies.exported.PolicyNet` and
+served through :class:`~policies.exported.ExportedPolicy` by the simulator on fixed
+windows of the workload's **val** split (the test split belongs to the leaderboard).
+The goodput of a run is the mean of the windows' ``goodput_rps``
+(:func:`envs.serving.metrics.request_summary`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from sb3_contrib import MaskablePPO
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
+from torch import nn
+from tqdm import tqdm
+
+import envs
+from envs.actions import BUDGET_LEVELS, NVEC
+from envs.features import FEATURES_V0
+from envs.serving.scheduling import RULE_NAMES, Policy
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import Workload
+from envs.serving.workloads.trace import Trace
+from policies.config import Activation, AlgoName, Schedule, TrainConfig, VecEnvKind
+from policies.export import in_memory_policy, policy_net
+from policies.exported import ENV_VERSION
+
+log = logging.getLogger(__name__)
+
+ALGOS: dict[AlgoName, type[OnPolicyAlgorithm]] = {AlgoName.maskable_ppo: MaskablePPO, AlgoName.ppo: PPO}
+ACTIVATION_FNS: dict[Activation, type[nn.Module]] = {Activation.tanh: nn.Tanh, Activation.relu: nn.ReLU}
+EVAL_METRICS = ("goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tbt_p99_s", "tpot_p99_s", "max_tbt_s")
+"""Serving metrics of each val evaluation (means over the windows)."""
+CHECKPOINT_DIR = "checkpoints"
+BEST_DIR = "best"
+MODEL_FILE = "model.zip"
+VECNORM_FILE = "vecnormalize.pkl"
+HISTORY_FILE = "evaluations.jsonl"
+CONFIG_FILE = "config.yaml"
+# Keys that may change when a run is resumed; every other key must match the run folder's config.
+RESUMABLE_CHANGES = ("algo.total_timesteps", "logger", "checkpoint", "eval.every_steps", "resume", "progress")
+
+
+# ---- serving setup and envs ----------------------------------------------------------------
+def serving_setup(cfg: TrainConfig) -> ServingSetup:
+    return ServingSetup.from_specs(cfg.model, cfg.hardware, cfg.env.tp, cfg.slo, cfg.env.cost_model, cfg.serving)
+
+
+def env_kwargs(cfg: TrainConfig, workload: Workload) -> dict[str, Any]:
+    """Arguments of ``chunkgym/ChunkedPrefill-v0`` for training episodes (train split)."""
+    return {
+        "workload": workload,
+        "split": "train",
+        "model": cfg.model,
+        "hardware": cfg.hardware,
+        "tp": cfg.env.tp,
+        "slo": cfg.slo,
+        "cost_model": cfg.env.cost_model,
+        "load_scale": tuple(cfg.env.load_scale),
+        "window_s": cfg.env.window_s,
+        "max_steps": cfg.env.max_steps,
+        "reward_scale": cfg.env.reward_scale,
+        "serving": dataclasses.asdict(cfg.serving),
+    }
+
+
+class ServingInfo(gym.Wrapper):
+    """Moves the env's end-of-episode serving metrics from ``info["episode"]`` to ``info["serving"]``.
+
+    SB3 reads ``info["episode"]`` as Monitor's ``{"r", "l", "t"}``; the env's own metrics
+    would be overwritten there, so they move aside and Monitor goes on top.
+    """
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if "episode" in info:
+            info["serving"] = info.pop("episode")
+        return obs, reward, terminated, truncated, info
+
+
+def make_env(kwargs: dict[str, Any]) -> gym.Env:
+    return Monitor(ServingInfo(gym.make(envs.ENV_ID, **kwargs)))
+
+
+def make_vec_env(cfg: TrainConfig, workload: Workload) -> VecEnv:
+    """``algo.n_envs`` training envs in one process (dummy) or one process each (subproc)."""
+    kwargs = env_kwargs(cfg, workload)
+    fns = [lambda: make_env(kwargs) for _ in range(cfg.algo.n_envs)]
+    return DummyVecEnv(fns) if cfg.algo.vec_env is VecEnvKind.dummy else SubprocVecEnv(fns)
+
+
+def normalised(venv: VecEnv, cfg: TrainConfig, stats: Path | None) -> VecNormalize:
+    """Observation (and optionally reward) normalisation, fresh or from a checkpoint's statistics."""
+    if stats is not None:
+        vecnorm = VecNormalize.load(str(stats), venv)
+        vecnorm.training = True
+        return vecnorm
+    a = cfg.algo
+    return VecNormalize(venv, norm_obs=True, norm_reward=a.normalize_reward, clip_obs=a.clip_obs, gamma=a.gamma)
+
+
+# ---- model -------------------------------------------------------------------------------
+def new_model(cfg: TrainConfig, venv: VecNormalize) -> OnPolicyAlgorithm:
+    a = cfg.algo
+    lr = a.learning_rate if a.lr_schedule is Schedule.constant else LinearSchedule(a.learning_rate, 0.0, 1.0)
+    return ALGOS[a.name](
+        "MlpPolicy",
+        venv,
+        learning_rate=lr,
+        n_steps=a.n_steps,
+        batch_size=a.batch_size,
+        n_epochs=a.n_epochs,
+        gamma=a.gamma,
+        gae_lambda=a.gae_lambda,
+        clip_range=a.clip_range,
+        ent_coef=a.ent_coef,
+        vf_coef=a.vf_coef,
+        max_grad_norm=a.max_grad_norm,
+        target_kl=a.target_kl,
+        policy_kwargs={
+            "net_arch": {"pi": list(a.net_arch), "vf": list(a.net_arch)},
+            "activation_fn": ACTIVATION_FNS[a.activation],
+        },
+        seed=cfg.seed,
+        device="cpu",
+        verbose=0,
+    )
+
+
+def load_model(cfg: TrainConfig, checkpoint: Path, venv: VecNormalize) -> OnPolicyAlgorithm:
+    """The checkpoint's model, its step counter and schedules intact, envs reseeded past it."""
+    model = ALGOS[cfg.algo.name].load(str(checkpoint / MODEL_FILE), env=venv, device="cpu")
+    model.set_random_seed(cfg.seed + model.num_timesteps)
+    return model
+
+
+def is_masked(cfg: TrainConfig) -> bool:
+    return cfg.algo.name is AlgoName.maskable_ppo
+
+
+# ---- evaluation on val windows --------------------------------------------------------------
+class ValWindows:
+    """Fixed windows of the val split (one per seed), the same for every evaluation of a run."""
+
+    def __init__(self, cfg: TrainConfig, workload: Workload, setup: ServingSetup) -> None:
+        e = cfg.eval
+        self.setup = setup
+        self.traces: list[Trace] = []
+        for seed in e.seeds:
+            trace = workload.window("val", seed, e.load_scale, e.window_s)
+            if not len(trace):
+                raise ValueError(f"val window of {workload.spec.name!r} for eval seed {seed} is empty; pick other eval.seeds")
+            self.traces.append(trace)
+
+    def evaluate(self, make_policy: Callable[[], Policy]) -> dict[str, float]:
+        """Mean over the windows of each of :data:`EVAL_METRICS` (NaNs skipped)."""
+        runs = [self.setup.simulator(trace).run(make_policy()).metrics for trace in self.traces]
+        out = {}
+        for key in EVAL_METRICS:
+            values = [r[key] for r in runs if not math.isnan(r[key])]
+            out[key] = float(np.mean(values)) if values else math.nan
+        return out
+
+
+def save_pair(model: OnPolicyAlgorithm, directory: Path) -> None:
+    """Model and VecNormalize statistics into ``directory``, replaced as a whole."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save(tmp / MODEL_FILE)
+    model.get_vec_normalize_env().save(str(tmp / VECNORM_FILE))
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+
+
+class Evaluator:
+    """Evaluates the current policy on the val windows; keeps the best in ``run_dir/best``."""
+
+    def __init__(self, windows: ValWindows, run_dir: Path, masked: bool) -> None:
+        self.windows = windows
+        self.run_dir = run_dir
+        self.masked = masked
+        self.history = run_dir / HISTORY_FILE
+        self.best: dict[str, Any] | None = None
+        self.last_timesteps = -1
+        if self.history.is_file():  # a resumed run keeps its best
+            rows = [json.loads(line) for line in self.history.read_text().splitlines() if line.strip()]
+            if rows and (run_dir / BEST_DIR).is_dir():
+                self.best = max(rows, key=lambda r: r["goodput_rps"])
+                self.last_timesteps = rows[-1]["timesteps"]
+
+    def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
+        net = policy_net(model, model.get_vec_normalize_env(), self.masked)
+        policy = in_memory_policy(net)
+        row = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
+        with self.history.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.last_timesteps = row["timesteps"]
+        improved = self.best is None or row["goodput_rps"] > self.best["goodput_rps"]
+        if improved:
+            save_pair(model, self.run_dir / BEST_DIR)
+            self.best = row
+        for key in EVAL_METRICS:
+            model.logger.record(f"eval/{key}", row[key])
+        model.logger.record("eval/best_goodput_rps", self.best["goodput_rps"])
+        model.logger.dump(step=model.num_timesteps)
+        log.info(
+            "step %d: val goodput %.3f rps, SLO attainment %.3f%s",
+            row["timesteps"],
+            row["goodput_rps"],
+            row["slo_attainment"],
+            " (best so far)" if improved else "",
+        )
+        return row
+
+
+# ---- callbacks -----------------------------------------------------------------------------
+class Every(BaseCallback):
+    """Calls ``fn(model)`` each time the step counter passes a multiple of ``every``.
+
+    It fires at the start of a rollout, i.e. right after a PPO update, so the model
+    it sees (and a checkpoint it writes) has trained on every step it has counted.
+    """
+
+    def __init__(self, every: int, fn: Callable[[OnPolicyAlgorithm], Any]) -> None:
+        super().__init__()
+        self.every = max(1, int(every))
+        self.fn = fn
+        self.next = 0
+
+    def _init_callback(self) -> None:
+        self.next = (self.model.num_timesteps // self.every + 1) * self.every
+
+    def _on_rollout_start(self) -> None:
+        if self.model.num_timesteps >= self.next:
+            self.fn(self.model)
+            self.next = (self.model.num_timesteps // self.every + 1) * self.every
+
+    def _on_step(self) -> bool:
+        return True
+
+
+class ServingStats(BaseCallback):
+    """Logs the mean goodput and SLO attainment of the training episodes finished in each rollout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, float]] = []
+
+    def _on_step(self) -> bool:
+        for info in self.locals["infos"]:
+            if "serving" in info:
+                self.rows.append(info["serving"])
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.rows:
+            for key in ("goodput_rps", "slo_attainment"):
+                self.logger.record(f"rollout/{key}", float(np.mean([r[key] for r in self.rows])))
+            self.rows.clear()
+
+
+class ProgressBar(BaseCallback):
+    """A tqdm bar over the run's total steps (ETA included), resumed runs starting where they stopped."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        super().__init__()
+        self.total = total
+        self.enabled = enabled
+        self.bar: tqdm | None = None
+
+    def _on_training_start(self) -> None:
+        start = self.model.num_timesteps
+        self.bar = tqdm(total=self.total, initial=start, unit="step", disable=not self.enabled, file=sys.stderr)
+
+    def _on_step(self) -> bool:
+        self.bar.update(self.training_env.num_envs)
+        return True
+
+    def _on_training_end(self) -> None:
+        self.bar.close()
+
+
+# ---- checkpoints and run folder -------------------------------------------------------------
+def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int) -> Path:
+    """``checkpoints/step_<N>/`` (model + VecNormalize statistics); older ones beyond ``keep`` removed."""
+    path = run_dir / CHECKPOINT_DIR / f"step_{model.num_timesteps:012d}"
+    save_pair(model, path)
+    for old in checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    return path
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = run_dir / CHECKPOINT_DIR
+    found = [p for p in root.glob("step_*") if p.is_dir() and (p / MODEL_FILE).is_file()] if root.is_dir() else []
+    return sorted((p for p in found if not p.name.endswith(".tmp")), key=lambda p: p.name)
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the keys a resumed run may change: what the config hash covers."""
+    out = json.loads(json.dumps(config))
+    for dotted in RESUMABLE_CHANGES:
+        *parents, last = dotted.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(last, None)
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
+    """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
+    slo = setup.slo
+    return {
+        "env_id": envs.ENV_ID,
+        "env_version": ENV_VERSION,
+        "observation": {
+            "shape": [len(FEATURES_V0)],
+            "low": -1.0,
+            "high": 1.0,
+            "features": [{"name": n, "description": d} for n, d in FEATURES_V0],
+        },
+        "action": {"nvec": list(NVEC), "budget_levels": list(BUDGET_LEVELS), "allocation_rules": list(RULE_NAMES)},
+        "reward": "+1 per request meeting its SLO, -1 per request missing it, times reward_scale",
+        "reward_scale": cfg.env.reward_scale,
+        "setup": {
+            "model": cfg.model.name,
+            "hardware": cfg.hardware.name,
+            "tp": cfg.env.tp,
+            "cost_model": cfg.env.cost_model,
+            "cost_model_description": str(getattr(setup.cost_model, "description", type(setup.cost_model).__name__)),
+            "slo": dataclasses.asdict(slo),
+            "serving": dataclasses.asdict(cfg.serving),
+        },
+        "train_episodes": {
+            "workload": cfg.workload.name,
+            "split": "train",
+            "load_scale": list(cfg.env.load_scale),
+            "window_s": cfg.env.window_s if cfg.env.window_s is not None else cfg.workload.window_s,
+        },
+        "val_windows": {
+            "split": "val",
+            "seeds": list(cfg.eval.seeds),
+            "load_scale": cfg.eval.load_scale,
+            "window_s": cfg.eval.window_s if cfg.eval.window_s is not None else cfg.workload.window_s,
+        },
+    }

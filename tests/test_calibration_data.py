@@ -1,0 +1,104 @@
+"""Calibration against the real tables: the fidelity gates, the anomalies, the committed files.
+
+Skipped when the data root (``CHUNKGYM_DATA`` or ../shared/data) is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import chunkgym
+from calibration import splitwise, vidur
+from calibration.__main__ import main
+from calibration.files import write_cost_files
+from calibration.pipeline import Calibration, calibrate
+from calibration.report import summary
+from envs.serving.cost_model import COST_DIR, load_cost_model
+from envs.serving.specs import load_hardware, load_model
+
+DATA = chunkgym.data_root()
+pytestmark = pytest.mark.skipif(
+    not (DATA / "profiles").is_dir(), reason=f"data root {DATA} absent (set CHUNKGYM_DATA to the data folder)"
+)
+
+
+@pytest.fixture(scope="module")
+def cal() -> Calibration:
+    return calibrate(DATA)
+
+
+def test_fidelity_gates(cal: Calibration) -> None:
+    s = summary(cal)
+    assert s["per_layer_mape_max"] <= 0.05
+    assert s["whole_request_mape_max"] <= 0.10
+    measured = {(r.hardware, r.model, r.fit.tp) for r in cal.layer_fits}
+    assert len(measured) == 28  # A100: 3 models, H100 and A40: 2 models; 4 TP degrees each
+    assert {e.hardware for e in cal.engines.values()} == {"a100_80gb", "h100_80gb"}
+    assert all(len(e.leave_one_out) == 3 for e in cal.engines.values())
+
+
+def test_known_anomalies_are_left_out() -> None:
+    table = splitwise.read_perf_model(splitwise.perf_model_path(DATA))
+    m = splitwise.clean(table)
+    broken = [e for e in m.exclusions if e.what == "whole row"]
+    assert {e.where for e in broken} >= {
+        "llama2-70b a100-80gb TP2: p512 b64 t128",
+        "llama2-70b h100-80gb TP2: p512 b64 t128",
+    }
+    tp2 = m.prompt[(m.prompt["model"] == "llama2-70b") & (m.prompt["tp"] == 2)]
+    assert 64 not in tp2["batch"].tolist()
+    assert not (m.token["hardware"] == "h100-80gb-pcap").any()
+    assert (m.prompt["hardware"] == "h100-80gb-pcap").any()
+    assert (m.token["seconds"] > 0).all()
+
+
+def test_calibrated_model_reproduces_measured_rows() -> None:
+    model, hw = load_model("llama2_7b"), load_hardware("a100_80gb")
+    cost = load_cost_model(model, hw, 1)
+    times = vidur.op_times(vidur.read_op_table(vidur.compute_table_path(DATA, "a100", model.hf_name)), 1)
+    for tokens in (1, 64, 512, 2048, 4096):
+        measured = times.layer[list(times.tokens).index(tokens)]
+        assert cost.linear_time(tokens) == pytest.approx(measured, rel=0.08)
+    m = splitwise.clean(splitwise.read_perf_model(splitwise.perf_model_path(DATA)))
+    big = load_cost_model(load_model("llama2_70b"), load_hardware("h100_80gb"), 4)
+    sel = (m.prompt["model"] == "llama2-70b") & (m.prompt["hardware"] == "h100-80gb") & (m.prompt["tp"] == 4)
+    for prompt, batch, seconds in m.prompt[sel][["prompt", "batch", "seconds"]].itertuples(index=False):
+        if batch == 1 and prompt in (512, 2048, 8192):
+            assert big.iteration_time(0, 0, [prompt], [0]) == pytest.approx(seconds, rel=0.15)
+    sel = (m.token["model"] == "llama2-70b") & (m.token["hardware"] == "h100-80gb") & (m.token["tp"] == 4)
+    for prompt, batch, tokens, seconds in m.token[sel][["prompt", "batch", "tokens", "seconds"]].itertuples(
+        index=False
+    ):
+        predicted = big.iteration_time(batch, int(batch * (prompt + tokens / 2)), (), ())
+        assert predicted == pytest.approx(seconds, rel=0.15)
+
+
+def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Path) -> None:
+    written = write_cost_files(cal.files, tmp_path)
+    committed = sorted(COST_DIR.glob("*.yaml"))
+    assert sorted(p.name for p in written) == [p.name for p in committed]
+    stale = [p.name for p in committed if p.read_text() != (tmp_path / p.name).read_text()]
+    assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"
+
+
+def test_cli_writes_files_and_report(tmp_path: Path) -> None:
+    args = [
+        "--data-root",
+        str(DATA),
+        "--out-dir",
+        str(tmp_path / "cost"),
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
+    main([*args, "--hardware", "h100_80gb", "--models", "llama2_7b", "--tp", "1", "2"])
+    assert sorted(p.name for p in (tmp_path / "cost").glob("*.yaml")) == [
+        "h100_80gb__llama2_7b__tp1.yaml",
+        "h100_80gb__llama2_7b__tp2.yaml",
+    ]
+    report = (tmp_path / "report" / "fidelity.md").read_text()
+    assert (
+        "leave one TP degree out" in report
+        and (tmp_path / "report" / "predicted_vs_measured.png").stat().st_size
+    )

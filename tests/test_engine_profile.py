@@ -1,0 +1,54 @@
+"""engine/profile.py: compositions become runnable batches and rows in the cost model's terms."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from engine.profile import Composition, default_compositions, main, measure
+
+
+def test_composition_items_use_disjoint_blocks_and_the_stated_contexts():
+    comp = Composition("mix", decode_contexts=(5, 9), prefill_tokens=(12,), prefill_context=(3,))
+    items, num_blocks = comp.items(block_size=4, vocab_size=50)
+    assert [(i.start, len(i.token_ids)) for i in items] == [(3, 12), (5, 1), (9, 1)]
+    tables = [list(i.block_table) for i in items]
+    assert [len(t) for t in tables] == [4, 2, 3]
+    assert sorted(b for t in tables for b in t) == list(range(num_blocks))
+    assert all(0 <= t < 50 for i in items for t in i.token_ids)
+
+
+def test_measure_reports_cost_model_arguments():
+    comps = [
+        Composition("decodes", decode_contexts=(40, 60)),
+        Composition("mixed", decode_contexts=(30,), prefill_tokens=(20, 8), prefill_context=(0, 16)),
+    ]
+    rows = [m.row() for m in measure("tiny", comps, dtype=torch.float32, repeats=3, warmup=1)]
+    assert (rows[0]["num_decode"], rows[0]["decode_context"], rows[0]["prefill_tokens"]) == (2, 100, "")
+    assert (rows[1]["prefill_tokens"], rows[1]["prefill_context"]) == ("20 8", "0 16")
+    assert all(0 < r["min_s"] <= r["median_s"] and r["repeats"] == 3 for r in rows)
+
+
+def test_cli_writes_one_row_per_default_composition(tmp_path, capsys):
+    out = tmp_path / "tiny.csv"
+    threads = str(torch.get_num_threads())
+    main(["--preset", "tiny", "--threads", threads, "--repeats", "1", "--warmup", "0", "--csv", str(out)])
+    with out.open() as f:
+        labels = [row["label"] for row in csv.DictReader(f)]
+    assert labels == [c.label for c in default_compositions()]
+    assert "prefill 2048" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "is empty"),
+        ({"prefill_tokens": (4,)}, "differ in length"),
+        ({"prefill_tokens": (0,), "prefill_context": (0,)}, ">= 1 token"),
+    ],
+)
+def test_bad_composition_is_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Composition("bad", **kwargs)
