@@ -35,7 +35,6 @@ from envs.serving.metrics import SLOSpec
 from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL
 from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
-from leaderboard import plots
 from leaderboard.parallel import default_jobs, parallel_map
 from leaderboard.runs import (
     TBT_PROBS,
@@ -256,6 +255,8 @@ def draw(
     grid: Plan, results: pd.DataFrame, done: list[RowResult], ranked: pd.DataFrame, out: Path
 ) -> list[Path]:
     """Every plot; the timeline and composition plots simulate the showcase pair on one window."""
+    from leaderboard import plots  # matplotlib takes ~0.3 s to import: not for runs that fail early
+
     images = [
         plots.goodput_vs_load(ranked, out / "goodput_vs_load.png"),
         plots.tbt_cdfs(results, [d.tbt_quantiles for d in done], TBT_PROBS, out / "tbt_cdf.png"),

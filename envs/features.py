@@ -40,9 +40,10 @@ FEATURE_NAMES_V0 = tuple(name for name, _ in FEATURES_V0)
 _L1024 = math.log1p(1024)
 _L20 = math.log1p(2**20)
 _L17 = math.log1p(2**17)
-_SIGNED = {"head_slack", "min_slack"}
-LOW_V0 = np.array([-1.0 if n in _SIGNED else 0.0 for n in FEATURE_NAMES_V0], dtype=np.float32)
-HIGH_V0 = np.ones(len(FEATURE_NAMES_V0), dtype=np.float32)
+
+
+def _unit(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
 def features_v0(view: View) -> np.ndarray:
@@ -52,13 +53,13 @@ def features_v0(view: View) -> np.ndarray:
     seqs = core.config.max_num_seqs
     queue = core.queue
     look = core.lookahead()
-    n_dec = core.decode.n
+    dec = core.decode
+    n_dec = dec.n
     per_token = core.prefill_s_per_token
 
-    pending = 0
-    shortest = 0
+    pending = shortest = doomed = 0
     min_slack = 1.0
-    doomed = 0
+    oldest = now
     for r in look:
         left = r.target - r.computed
         pending += left
@@ -67,35 +68,35 @@ def features_v0(view: View) -> np.ndarray:
         slack = (r.deadline - now - per_token * left) / r.ttft_bound
         if slack < min_slack:
             min_slack = slack
+        if r.arrival < oldest:
+            oldest = r.arrival
         doomed += r.violated
     if queue:
         head = queue[0]
         head_left = head.target - head.computed
         head_slack = (head.deadline - now) / head.ttft_bound
-        oldest_age = (now - min(r.arrival for r in look)) / head.ttft_bound / 2
+        oldest_age = (now - oldest) / head.ttft_bound / 2
     else:
         head_left, head_slack, oldest_age = 0, 1.0, 0.0
     kv = core.kv
-    dec = core.decode
-    raw = np.array(
+    return np.array(
         (
             n_dec / seqs,
-            math.log1p(len(queue)) / _L1024,
+            _unit(math.log1p(len(queue)) / _L1024),
             core.n_running_prefill / seqs,
-            math.log1p(pending) / _L20,
-            math.log1p(head_left) / _L17,
-            math.log1p(shortest) / _L17,
-            head_slack,
-            min_slack,
+            _unit(math.log1p(pending) / _L20),
+            _unit(math.log1p(head_left) / _L17),
+            _unit(math.log1p(shortest) / _L17),
+            -1.0 if head_slack < -1.0 else 1.0 if head_slack > 1.0 else head_slack,
+            -1.0 if min_slack < -1.0 else min_slack,
             doomed / len(look) if look else 0.0,
-            oldest_age,
-            (now - dec.last_time) / slo.stall_s if n_dec else 0.0,
-            (kv.free - core.decode_block_need()) / kv.total,
-            math.log1p(dec.context_sum(dec.clock) / n_dec) / _L17 if n_dec else 0.0,
-            core.last_latency / slo.tpot_s / 4,
-            core.latency_ewma / slo.tpot_s / 4,
-            core.arrival_rate() * per_token * 1024 / 4,
+            _unit(oldest_age),
+            _unit((now - dec.last_time) / slo.stall_s) if n_dec else 0.0,
+            _unit((kv.free - core.decode_block_need()) / kv.total),
+            _unit(math.log1p(dec.context_sum(dec.clock) / n_dec) / _L17) if n_dec else 0.0,
+            _unit(core.last_latency / slo.tpot_s / 4),
+            _unit(core.latency_ewma / slo.tpot_s / 4),
+            _unit(core.arrival_rate() * per_token * 1024 / 4),
         ),
         dtype=np.float32,
     )
-    return np.clip(raw, LOW_V0, HIGH_V0, out=raw)

@@ -23,15 +23,19 @@ import pandas as pd  # noqa: E402
 from envs.serving.metrics import SLO  # noqa: E402
 from envs.serving.simulator import SimResult  # noqa: E402
 
+EMPHASIS = ("fcfs", "sarathi_512")
+"""Policies drawn thicker: the stall chunked prefill removes, and its standard fix."""
 LONGEST_CANDIDATES = 20
 """Longest prompts tried, longest first, when looking for one prefilled while another request streams."""
 
 
 def _styles(names: Sequence[str]) -> dict[str, dict]:
-    """The same colour and line style for a policy in every plot (ten colours, then dashed)."""
-    cmap = plt.get_cmap("tab10")
+    """The same style for a policy in every plot: 20 distinct colours (dashed after the first ten),
+    with the FCFS-vs-Sarathi pair drawn thicker."""
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(2 * k) for k in range(10)] + [cmap(2 * k + 1) for k in range(10)]
     return {
-        name: {"color": cmap(i % 10), "ls": "-" if i < 10 else "--"}
+        name: {"color": colors[i % 20], "ls": "-" if i < 10 else "--", "lw": 2.4 if name in EMPHASIS else 1.2}
         for i, name in enumerate(sorted(set(names)))
     }
 
@@ -92,7 +96,7 @@ def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndar
         if row["seed"] != seed or np.isnan(q).all():
             continue
         ax = axes[workloads.index(row["workload"]), loads.index(row["load_scale"])]
-        ax.plot(np.maximum(q, 1e-4), probs, **styles[row["policy"]], label=row["policy"], lw=1.2)
+        ax.plot(np.maximum(q, 1e-4), probs, **styles[row["policy"]], label=row["policy"])
     for i, wl in enumerate(workloads):
         bounds = rows.loc[rows["workload"] == wl, ["slo_tpot_s", "slo_stall_s"]].iloc[0]
         for j, load in enumerate(loads):

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 SARATHI_PREFIX = "sarathi_"
 MEAN_COLUMNS = ("slo_attainment", "ttft_p99_s", "tbt_p99_s", "max_tbt_s")
@@ -69,6 +68,8 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     mean = float(x.mean())
     if n < 2:
         return mean, math.nan
+    from scipy import stats  # ~0.5 s to import: only once there is something to summarise
+
     return mean, float(stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / math.sqrt(n))
 
 

@@ -10,6 +10,7 @@ config that composes is one the env accepts.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -171,8 +172,24 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys that a ``+key=value`` override added to a typed node (Hydra lets ``+`` bypass the schema)."""
+    kind = OmegaConf.get_type(node)
+    names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set(node.keys())
+    out = []
+    for key in node.keys():
+        if key not in names:
+            out.append(f"{prefix}{key}")
+        elif not OmegaConf.is_missing(node, key) and OmegaConf.is_dict(node[key]):
+            out += unknown_keys(node[key], f"{prefix}{key}.")
+    return out
+
+
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``)."""
+    extra = unknown_keys(cfg)
+    if extra:
+        raise ValueError(f"unknown config key(s) {extra}: not in the schema ({__name__}.TrainConfig)")
     out = OmegaConf.to_object(cfg)
     if not isinstance(out, TrainConfig):
         raise TypeError(f"expected a config composed from {SCHEMA_NAME!r}, got {type(out).__name__}")

@@ -120,16 +120,16 @@ class ExportedPolicy(Policy):
 
     def act_one(self, obs: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
         """The action for one observation (numpy; same arithmetic as :class:`PolicyNet`)."""
-        x = np.clip((obs.astype(np.float64) - self._mean) / self._std, -self._clip, self._clip)
-        h = x.astype(np.float32)
+        x = (obs.astype(np.float64) - self._mean) / self._std
+        h = np.minimum(np.maximum(x, -self._clip), self._clip).astype(np.float32)
         *hidden, (w_out, b_out) = self._weights
         for w, b in hidden:
             h = self._act(w @ h + b)
         logits = w_out @ h + b_out
         if self.masked:
-            logits = np.where(mask, logits, -np.inf)
+            logits[~mask] = -np.inf
         k = self.n_levels
-        return int(np.argmax(logits[:k])), int(np.argmax(logits[k:]))
+        return int(logits[:k].argmax()), int(logits[k:].argmax())
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Actions for a batch, through the torch module (what ``policy.pt2`` computes)."""

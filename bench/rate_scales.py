@@ -1,0 +1,53 @@
+"""Choose each workload's ``rate_scale``: the load that is "1x = moderate" for the defaults.
+
+Moderate means 60% of Sarathi-512's capacity (>= 90% of requests within the strict SLO)
+on the default model and hardware (Llama-3-8B, one A100-80GB, calibrated cost model),
+averaged over three windows of the **val** split (the test split stays unseen):
+2x is then just past that capacity and 4x well past it.
+
+    python bench/rate_scales.py [--fraction 0.6] [--seeds 0 1 2]
+
+Prints, per workload, the capacity in native-rate multiples and the suggested
+``rate_scale`` (two significant digits); the values in conf/workload/*.yaml come from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import numpy as np
+
+import chunkgym
+from envs.serving.capacity import measure_capacity
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import Workload, load_workload, workload_names
+from policies.registry import make_policy
+
+
+def main() -> None:
+    chunkgym.require_own_packages()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fraction", type=float, default=0.6)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")])
+    args = ap.parse_args()
+    setup = ServingSetup.from_names()
+    out = {}
+    for name in args.workloads:
+        spec = dataclasses.replace(load_workload(name).spec, rate_scale=1.0)
+        workload = Workload(spec)
+        caps = [
+            measure_capacity(setup, workload, lambda: make_policy("sarathi_512"), "attain90", "val", s).scale
+            for s in args.seeds
+        ]
+        cap = float(np.mean(caps))
+        suggested = float(f"{args.fraction * cap:.2g}")
+        out[name] = {"capacity_native_multiple": cap, "per_seed": caps, "rate_scale": suggested}
+        print(f"{name:18s} capacity {cap:7.3f}x native (seeds {', '.join(f'{c:.3f}' for c in caps)}) -> rate_scale {suggested}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

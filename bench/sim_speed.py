@@ -1,0 +1,97 @@
+"""Simulation speed: the full Azure conv trace through Sarathi-512, and the env's step rate.
+
+    python bench/sim_speed.py [--env-steps 50000]
+
+Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded times
+(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0` with random valid
+actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
+trace and scheduler (~8.2k iterations/s, so ~328k iterations); the ratios are printed
+beside ours.  The replay runs twice: with the calibrated cost model (the default, the
+JSON's main fields) and with the uncalibrated roofline v0, whose iteration count is
+close to Vidur's (the calibrated model's engine terms, fitted on Splitwise's engine,
+make Llama-2-7B on H100 slower, so the same trace overloads it and runs fewer, larger
+iterations).  The last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import gymnasium as gym
+import numpy as np
+
+import chunkgym
+import envs
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import load_workload
+from policies.registry import make_policy
+
+VIDUR_LOOP_S = 40.0
+VIDUR_ITERATIONS_PER_S = 8.2e3
+
+
+def env_steps_per_s(steps: int, cost_model: str) -> float:
+    env = gym.make(envs.ENV_ID, cost_model=cost_model, workload="azure_conv")
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    mask_of = env.unwrapped.action_masks
+    picks = rng.random((steps, 2))
+    start = time.perf_counter()
+    for i in range(steps):
+        m = mask_of()
+        levels, rules = np.flatnonzero(m[:9]), np.flatnonzero(m[9:])
+        action = (levels[int(picks[i, 0] * len(levels))], rules[int(picks[i, 1] * len(rules))])
+        if env.step(action)[3]:
+            env.reset()
+    return steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    chunkgym.require_own_packages()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env-steps", type=int, default=50_000)
+    args = ap.parse_args()
+
+    workload = load_workload("azure_conv")
+    # The workload's rate_scale sets its moderate load; undo it to replay the recorded times.
+    trace = workload.split("all", 0, 1.0 / workload.spec.rate_scale)
+    runs = {}
+    for cost_model in ("calibrated", "roofline"):
+        setup = ServingSetup.from_names("llama2_7b", "h100_80gb", 1, "strict", cost_model)
+        sim = setup.simulator(trace)
+        start = time.perf_counter()
+        result = sim.run(make_policy("sarathi_512"))
+        wall = time.perf_counter() - start
+        iterations = int(result.metrics["iterations"])
+        runs[cost_model] = (iterations, wall)
+        print(
+            f"{cost_model:10s}: {len(trace)} requests, {iterations} iterations in {wall:.2f} s "
+            f"({iterations / wall:,.0f} it/s); Vidur: {VIDUR_LOOP_S:.0f} s, {VIDUR_ITERATIONS_PER_S:,.0f} it/s "
+            f"-> {VIDUR_LOOP_S / wall:.1f}x faster loop; goodput {result.metrics['goodput_rps']:.2f} req/s, "
+            f"{result.metrics['rejected']} rejected (prompt+output > 4,096)"
+        )
+    steps = env_steps_per_s(args.env_steps, "calibrated")
+    print(f"env: {steps:,.0f} steps/s with random valid actions (target 20,000)")
+    iterations, wall = runs["calibrated"]
+    rf_iterations, rf_wall = runs["roofline"]
+    print(
+        json.dumps(
+            {
+                "iterations": iterations,
+                "wall_s": wall,
+                "iterations_per_s": iterations / wall,
+                "requests": len(trace),
+                "env_steps_per_s": steps,
+                "vidur_loop_speedup": VIDUR_LOOP_S / wall,
+                "roofline_iterations": rf_iterations,
+                "roofline_wall_s": rf_wall,
+                "roofline_iterations_per_s": rf_iterations / rf_wall,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

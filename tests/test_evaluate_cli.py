@@ -1,0 +1,187 @@
+"""evaluate.py through its command line: the files and columns of the contract, validation, bad names."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chunkgym import REPO_ROOT
+
+CONTRACT_COLUMNS = (
+    "policy workload load_scale seed backend hardware model tp slo split requests finished rejected "
+    "goodput_rps slo_attainment ttft_p50_s ttft_p99_s tpot_p50_s tpot_p99_s tbt_p99_s max_tbt_s "
+    "throughput_tok_s preemptions prefix_hit_rate busy_fraction prefill_token_share kv_util_mean sim_wall_s "
+    "env_version config_hash git_commit"
+).split()
+BUCKET_COLUMNS = (
+    "policy workload load_scale seed bucket requests slo_attainment ttft_p50_s ttft_p95_s ttft_p99_s "
+    "tbt_p50_s tbt_p95_s tbt_p99_s max_sched_delay_s"
+).split()
+CAPACITY_COLUMNS = (
+    "policy workload seed capacity_attain90_scale capacity_attain90_rps capacity_tbt_scale capacity_tbt_rps"
+).split()
+PLOTS = ("goodput_vs_load.png", "tbt_cdf.png", "timeline_fcfs_vs_sarathi.png", "batch_composition.png")
+
+
+def evaluate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "evaluate.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def write_trace(path: Path) -> Path:
+    """A length-only trace: short chats, and one long prompt that stalls FCFS's decodes."""
+    rows = [(300 + 37 * (i % 11), 60 + 13 * (i % 7)) for i in range(40)]
+    rows[12] = (7000, 20)
+    path.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(f"{p},{o}\n" for p, o in rows))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, str]:
+    tmp = tmp_path_factory.mktemp("evaluate")
+    trace = f"file:{write_trace(tmp / 'trace.csv')}"
+    out = tmp / "out"
+    proc = evaluate(
+        "policies=[fcfs,sarathi_512]",
+        f"workloads=[{trace},synthetic_azure_conv]",
+        "load_scales=[1.0,2.0]",
+        "seeds=[0,1]",
+        "slo=strict",
+        "capacity=true",
+        "capacity_rel_tol=0.1",
+        "cost_model=roofline",
+        "window_s=15",
+        "n_jobs=2",
+        "progress=false",
+        f"output_dir={out}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc, trace
+
+
+def test_tiny_evaluation_writes_every_file_with_the_contract_columns(tiny) -> None:
+    out, proc, trace = tiny
+    rows = read_csv(out / "results.csv")
+    assert set(CONTRACT_COLUMNS) <= set(rows[0])
+    grid = {(r["policy"], r["workload"], float(r["load_scale"]), int(r["seed"])) for r in rows}
+    assert len(rows) == len(grid) == 2 * 2 * 2 * 2
+    assert {r["backend"] for r in rows} == {"sim"}
+    assert {(r["workload"], r["split"]) for r in rows} == {(trace, "all"), ("synthetic_azure_conv", "test")}
+    seeds = {
+        s: {r["offset_s"] for r in rows if r["workload"] == "synthetic_azure_conv" and r["seed"] == s}
+        for s in "01"
+    }
+    assert seeds["0"] != seeds["1"], "each seed must select a different window"
+
+    buckets = read_csv(out / "buckets.csv")
+    assert set(BUCKET_COLUMNS) <= set(buckets[0])
+    assert len(buckets) == 5 * len(rows)
+    capacity = read_csv(out / "capacity.csv")
+    assert set(CAPACITY_COLUMNS) <= set(capacity[0]) and len(capacity) == 2 * 2 * 2
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+    board = (out / "leaderboard.md").read_text()
+    for wl in (trace, "synthetic_azure_conv"):
+        for load in ("1x", "2x"):
+            assert f"## {wl} (" in board and f"load {load}" in board
+    assert "vs best sarathi" in board and "## Capacity" in board
+    assert board.strip() in proc.stdout, "the leaderboard is printed"
+
+
+def test_json_holds_the_same_rows_with_exact_floats(tiny) -> None:
+    out, _, _ = tiny
+    rows = read_csv(out / "results.csv")
+    objects = json.loads((out / "results.json").read_text())
+    assert [o["policy"] for o in objects] == [r["policy"] for r in rows]
+    checked = 0
+    for obj, row in zip(objects, rows, strict=True):
+        assert set(obj) == set(row)
+        for key, value in obj.items():
+            if isinstance(value, float):
+                assert float(row[key]) == value, key
+                checked += 1
+            elif value is None:
+                assert row[key] == "", key
+    assert checked > 100
+
+
+def test_sarathi_beats_fcfs_on_the_stall_trace(tiny) -> None:
+    out, _, trace = tiny
+    rows = [r for r in read_csv(out / "results.csv") if r["workload"] == trace]
+    stall = {p: max(float(r["max_tbt_s"]) for r in rows if r["policy"] == p) for p in ("fcfs", "sarathi_512")}
+    assert stall["fcfs"] > float(rows[0]["slo_stall_s"]) > stall["sarathi_512"]
+
+
+def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, tmp_path) -> None:
+    out, _, _ = tiny
+    ok = evaluate(f"validate={out / 'results.csv'}", "progress=false", f"output_dir={tmp_path / 'v1'}")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "reproduce" in ok.stdout
+
+    rows = read_csv(out / "results.csv")
+    rows[2]["goodput_rps"] = repr(float(rows[2]["goodput_rps"]) * (1 + 1e-12) + 1e-300)
+    tampered = tmp_path / "results.csv"
+    with tampered.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    bad = evaluate(f"validate={tampered}", "progress=false", f"output_dir={tmp_path / 'v2'}")
+    assert bad.returncode != 0
+    assert "row 3 (" in bad.stderr and "column goodput_rps: expected" in bad.stderr
+    assert "1 value(s)" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("policies=[fcfs,no_such_policy]", ["'no_such_policy'", "sarathi_512", "fcfs", "learned:PATH"]),
+        (
+            "workloads=[no_such_workload]",
+            ["'no_such_workload'", "azure_conv", "synthetic_azure_conv", "file:PATH"],
+        ),
+        ("workloads=[file:/no/such/trace.csv]", ["/no/such/trace.csv", "not found"]),
+    ],
+)
+def test_an_unknown_name_fails_at_once_listing_the_valid_ones(tmp_path, override, expected) -> None:
+    proc = evaluate(override, "cost_model=roofline", f"output_dir={tmp_path}")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in proc.stderr, (text, proc.stderr)
+    assert not (tmp_path / "results.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("polices=[fcfs]", "polices"),
+        ("load_scales=[fast]", "load_scales"),
+        ("slo.tpot_multipler=3", "tpot_multipler"),
+    ],
+)
+def test_an_unknown_key_or_a_wrong_type_fails_before_running(tmp_path, override, key) -> None:
+    proc = evaluate(override, "cost_model=roofline", f"output_dir={tmp_path}")
+    assert proc.returncode != 0 and key in proc.stderr
+    assert not (tmp_path / "results.csv").exists()
+
+
+def test_nan_cells_stay_empty_in_csv_and_null_in_json(tiny) -> None:
+    out, _, trace = tiny
+    objects = json.loads((out / "results.json").read_text())
+    whole = [o for o in objects if o["workload"] == trace]
+    assert all(o["window_s"] is None for o in whole), "a file: workload is used whole: no window length"
+    assert all(
+        isinstance(o["window_s"], float) and not math.isnan(o["window_s"]) for o in objects if o not in whole
+    )

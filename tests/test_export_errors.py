@@ -1,0 +1,119 @@
+"""Tampered, corrupted or mismatched export directories fail with errors naming the file and the problem."""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from envs.actions import NVEC
+from policies.export import write_export
+from policies.exported import ExportError, PolicyNet, load_policy, load_program
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("export")
+    write_export(PolicyNet([16, 64, 64], NVEC), directory, {"note": "untrained"})
+    return directory
+
+
+@pytest.fixture
+def copy(exported, tmp_path):
+    target = tmp_path / "export"
+    shutil.copytree(exported, target)
+    return target
+
+
+def _edit_spec(directory, edit):
+    path = directory / "policy.json"
+    spec = json.loads(path.read_text())
+    edit(spec)
+    path.write_text(json.dumps(spec))
+
+
+def _rehash(directory, name):
+    """Record a changed file's new hash, as a careless hand edit would (so deeper checks must catch it)."""
+    digest = hashlib.sha256((directory / name).read_bytes()).hexdigest()
+    _edit_spec(directory, lambda s: s["files"].update({name: digest}))
+
+
+def test_untouched_export_loads(exported):
+    assert load_policy(exported).spec["feature_set"] == "features_v0"
+    load_program(exported)
+
+
+def test_corrupted_weights_file(copy):
+    data = bytearray((copy / "policy.safetensors").read_bytes())
+    data[-5] ^= 0xFF
+    (copy / "policy.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=r"policy\.safetensors: SHA-256 .* does not match policy\.json"):
+        load_policy(copy)
+
+
+def test_truncated_program_file(copy):
+    path = copy / "policy.pt2"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ExportError, match=r"policy\.pt2: SHA-256"):
+        load_program(copy)
+
+
+def test_unreadable_weights_even_with_matching_hash(copy):
+    (copy / "policy.safetensors").write_bytes(b"not a safetensors file")
+    _rehash(copy, "policy.safetensors")
+    with pytest.raises(ExportError, match=r"policy\.safetensors: unreadable safetensors file"):
+        load_policy(copy)
+
+
+def test_wrong_feature_count(copy):
+    _edit_spec(copy, lambda s: s["feature_names"].pop())
+    with pytest.raises(ExportError, match=r"policy\.json: field 'feature_names' is .* but this env has"):
+        load_policy(copy)
+
+
+def test_wrong_env_version(copy):
+    _edit_spec(copy, lambda s: s.update(env_id="chunkgym/ChunkedPrefill-v1", env_version=1))
+    with pytest.raises(ExportError, match=r"field 'env_id' is 'chunkgym/ChunkedPrefill-v1'"):
+        load_policy(copy)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("nvec", [9, 4]), ("budget_levels", [64, 128]), ("allocation_rules", ["fcfs"]), ("env_version", 3)],
+)
+def test_mismatched_action_space(copy, field, value):
+    _edit_spec(copy, lambda s: s.update({field: value}))
+    with pytest.raises(ExportError, match=f"field '{field}' is"):
+        load_policy(copy)
+
+
+def test_tensor_of_wrong_shape(copy):
+    tensors = load_file(copy / "policy.safetensors")
+    tensors["body.0.weight"] = tensors["body.0.weight"][:, :15].contiguous()
+    save_file(tensors, copy / "policy.safetensors")
+    _rehash(copy, "policy.safetensors")
+    with pytest.raises(ExportError, match=r"tensor 'body\.0\.weight' is torch\.float32\[64, 15\], expected .*\[64, 16\]"):
+        load_policy(copy)
+
+
+def test_normalisation_disagreeing_with_the_weights_file(copy):
+    _edit_spec(copy, lambda s: s["normalisation"]["obs_mean"].__setitem__(0, 0.5))
+    with pytest.raises(ExportError, match=r"normalisation 'obs_mean' differs"):
+        load_policy(copy)
+
+
+def test_not_json(copy):
+    (copy / "policy.json").write_text("{not json")
+    with pytest.raises(ExportError, match=r"policy\.json: not valid JSON"):
+        load_policy(copy)
+
+
+def test_missing_files(copy, tmp_path):
+    (copy / "policy.safetensors").unlink()
+    with pytest.raises(ExportError, match=r"policy\.safetensors: file not found"):
+        load_policy(copy)
+    with pytest.raises(ExportError, match=r"policy\.json: file not found"):
+        load_policy(tmp_path / "nothing")

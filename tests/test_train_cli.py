@@ -1,0 +1,153 @@
+"""train.py through Hydra: config validation, a tiny run resumed to a larger total, and the run folder."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from chunkgym import REPO_ROOT
+from policies.config import TrainConfig, register_configs, to_train_config
+from policies.exported import load_policy
+
+# A tiny run that needs no data files and no calibration (what +experiment=smoke sets, smaller).
+TINY = [
+    "+experiment=smoke",
+    "algo.total_timesteps=256",
+    "algo.n_steps=64",
+    "algo.batch_size=64",
+    "algo.n_epochs=2",
+    "algo.lr_schedule=linear",
+    "eval.every_steps=100000",
+    "eval.seeds=[0]",
+    "checkpoint.every_steps=128",
+    "logger.mode=disabled",
+    "progress=false",
+]
+
+
+def train(*overrides: str, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def compose_train(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def test_default_config_composes_to_the_schema():
+    cfg = to_train_config(compose_train([]))
+    assert isinstance(cfg, TrainConfig)
+    assert (cfg.hardware.name, cfg.model.name, cfg.workload.name, cfg.slo.name) == (
+        "a100_80gb",
+        "llama3_8b",
+        "azure_conv",
+        "strict",
+    )
+    assert cfg.algo.name.value == "maskable_ppo" and cfg.env.cost_model == "calibrated"
+    spec = to_train_config(compose_train(["hardware=h100_80gb", "model.num_layers=2", "slo.ttft_factor=3"]))
+    assert spec.hardware.name == "h100_80gb" and spec.model.num_layers == 2 and spec.slo.ttft_factor == 3.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.no_such_key=1", "Could not override 'algo.no_such_key'"),
+        ("model.num_layerz=3", "Could not override 'model.num_layerz'"),
+        ("algo.n_envs=two", "Value 'two' of type 'str' could not be converted to Integer"),
+        ("hardware.peak_flops=fast", "could not be converted to Float"),
+        ("algo.vec_env=threads", "Invalid value 'threads', expected one of [dummy, subproc]"),
+        ("logger.mode=loud", "Invalid value 'loud', expected one of [auto, online, offline, disabled]"),
+        ("algo=sac", "Could not find 'algo/sac'"),
+        ("workload=nope", "Could not find 'workload/nope'"),
+    ],
+)
+def test_wrong_overrides_fail_in_hydra(override, message):
+    with pytest.raises((HydraException, OmegaConfBaseException)) as info:
+        compose_train([override])
+    text = str(info.value) + str(info.value.__cause__ or "")
+    assert message in text
+
+
+def test_keys_appended_with_plus_are_rejected_too():
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['algo.no_such_key'\]"):
+        to_train_config(compose_train(["+algo.no_such_key=1"]))
+
+
+def test_wrong_override_stops_train_py_before_anything_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    out = train("algo.no_such_key=1", f"hydra.run.dir={run_dir}")
+    assert out.returncode != 0
+    assert "Could not override 'algo.no_such_key'" in out.stderr
+    assert not run_dir.exists()
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _obs_stats(checkpoint):
+    """The observation RunningMeanStd of a checkpoint (SB3 pickles VecNormalize; our own test file)."""
+    with open(checkpoint / "vecnormalize.pkl", "rb") as f:
+        return pickle.load(f).obs_rms
+
+
+def _learning_rates(run_dir) -> dict[int, list[float]]:
+    acc = EventAccumulator(str(run_dir / "tb")).Reload()
+    out: dict[int, list[float]] = {}
+    for event in acc.Scalars("train/learning_rate"):
+        out.setdefault(event.step, []).append(event.value)
+    return out
+
+
+def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
+    run_dir = tmp_path / "run"
+    first = train(*TINY, f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = _last_json(first.stdout)
+    assert summary["timesteps"] == 256 and summary["run_dir"] == str(run_dir)
+    for key in ("best_val_goodput_rps", "sarathi_512_val_goodput_rps"):
+        assert summary[key] >= 0
+    for name in ("config.yaml", "env_spec.json", "evaluations.jsonl", "summary.json", "best/model.zip"):
+        assert (run_dir / name).is_file(), name
+    assert not (run_dir / "wandb").exists(), "logger.mode=disabled must write no W&B files"
+    first_ckpt = run_dir / "checkpoints" / f"step_{256:012d}"
+    stats_1 = _obs_stats(first_ckpt)
+    policy = load_policy(run_dir / "export")
+    assert policy.spec["timesteps"] <= 256 and policy.spec["config_hash"] == summary["config_hash"]
+
+    changed = train(*TINY, "algo.learning_rate=0.1", f"hydra.run.dir={run_dir}")
+    assert changed.returncode != 0 and "config changed: algo.learning_rate" in changed.stderr
+
+    second = train(*TINY, "algo.total_timesteps=512", f"hydra.run.dir={run_dir}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = _last_json(second.stdout)
+    assert resumed["timesteps"] == 512 and resumed["resumed_from_timesteps"] == 256
+    assert resumed["config_hash"] == summary["config_hash"]  # total_timesteps is not part of the identity
+    ckpt = run_dir / "checkpoints" / f"step_{512:012d}"
+    assert (ckpt / "model.zip").is_file()
+    from sb3_contrib import MaskablePPO
+
+    assert MaskablePPO.load(str(ckpt / "model.zip"), device="cpu").num_timesteps == 512
+    # normalisation statistics continue: 256 more steps plus one reset observation per env
+    stats_2 = _obs_stats(ckpt)
+    assert stats_2.count == pytest.approx(stats_1.count + 256 + 2)
+    # the linear LR schedule continues over the new total (1 - 384/512 after the first resumed rollout),
+    # it does not restart (which would give 1 - 128/256)
+    lr0 = 3e-4
+    resumed_rates = [v for step, vs in _learning_rates(run_dir).items() if step > 256 for v in vs]
+    assert any(v == pytest.approx(lr0 * 0.25, rel=1e-5) for v in resumed_rates)
+    assert not any(v == pytest.approx(lr0 * 0.5, rel=1e-5) for v in resumed_rates)
+    history = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines()]
+    assert [row["timesteps"] for row in history] == [256, 512]
+    for name in ("policy.safetensors", "policy.json", "policy.pt2"):
+        assert (run_dir / "export" / name).stat().st_size > 0
