@@ -269,10 +269,9 @@ def draw(
         log.warning("%s: no prompt was prefilled while another request streamed; no timeline plot", title)
         span = (0.0, 30.0)
     else:
-        setup = first.setup.build()
-        images.append(plots.timeline(runs, stall, setup.slo, title, out / "timeline_fcfs_vs_sarathi.png"))
-        ends = [float(r.token_times[stall.long][0]) for r in runs.values()]
-        span = (float(runs[first.policy].outcomes.arrival[stall.long]) - 2.0, max(ends) + 2.0)
+        slo = first.setup.build().slo
+        images.append(plots.timeline(runs, stall, slo, title, out / "timeline_fcfs_vs_sarathi.png"))
+        span = plots.stall_window(runs, stall)
     images.append(plots.batch_composition(runs, span, out / "batch_composition.png"))
     return images
 

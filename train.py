@@ -4,7 +4,7 @@
     python train.py algo=ppo workload=azure_code seed=1 algo.total_timesteps=200000
     python train.py +experiment=smoke                 # a named recipe from conf/experiment
     python train.py hydra.run.dir=DIR                 # again on DIR: resumes to algo.total_timesteps
-    python train.py -m seed=0,1,2 hydra/launcher=joblib   # a sweep (docs/training.md)
+    python train.py -m seed=0,1,2 hydra/launcher=local    # a parallel sweep (docs/training.md)
 
 Reads top to bottom: config -> envs -> model -> callbacks -> learn -> export -> summary.
 The run folder (``hydra.run.dir``) ends up holding ``config.yaml``, ``env_spec.json``,
@@ -22,14 +22,14 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from stable_baselines3.common.callbacks import CallbackList
 
 from chunkgym.provenance import config_hash, git_commit
 from envs.serving.workload import Workload
-from policies import training as T
+from policies import training
 from policies.config import plain, register_configs, to_train_config
-from policies.export import policy_net, write_export
+from policies.export import write_export
 from policies.registry import make_policy
 from policies.tracking import close_logger, make_logger
 
@@ -45,20 +45,11 @@ def main(dcfg: DictConfig) -> None:
     config = plain(dcfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
     torch.set_num_threads(cfg.torch_threads)
-    previous = T.checkpoints(run_dir)
-    if previous and not cfg.resume:
-        raise SystemExit(f"{run_dir} already holds checkpoints; pass resume=true or another hydra.run.dir")
-    saved = run_dir / T.CONFIG_FILE
-    if previous:
-        old = T.identity(OmegaConf.to_container(OmegaConf.load(saved)))
-        changed = T.config_differences(old, T.identity(config))
-        if changed:
-            raise SystemExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
-    saved.write_text(OmegaConf.to_yaml(config))
-    chash, commit = config_hash(T.identity(config)), git_commit()
+    previous = training.prepare_run_dir(run_dir, config, cfg.resume)  # checkpoints to resume from
+    chash, commit = config_hash(training.identity(config)), git_commit()
     workload = Workload(cfg.workload, cfg.data_root)
-    setup = T.serving_setup(cfg)
-    spec = T.env_spec(cfg, setup)
+    setup = training.serving_setup(cfg)
+    spec = training.env_spec(cfg, setup)
     (run_dir / "env_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{cfg.workload.name}__{cfg.algo.name.value}__{cfg.seed}__{stamp}"
@@ -67,26 +58,26 @@ def main(dcfg: DictConfig) -> None:
     )
 
     # ---- envs --------------------------------------------------------------------------------
-    stats = previous[-1] / T.VECNORM_FILE if previous else None
-    venv = T.normalised(T.make_vec_env(cfg, workload), cfg, stats)
+    stats = previous[-1] / training.VECNORM_FILE if previous else None
+    venv = training.normalised(training.make_vec_env(cfg, workload), cfg, stats)
 
     # ---- model -------------------------------------------------------------------------------
-    model = T.load_model(cfg, previous[-1], venv) if previous else T.new_model(cfg, venv)
+    model = training.load_model(cfg, previous[-1], venv) if previous else training.new_model(cfg, venv)
     model.set_logger(logger)
     start_steps = model.num_timesteps
     if previous:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
 
     # ---- callbacks: val evaluation (best model kept), checkpoints, progress ------------------
-    windows = T.ValWindows(cfg, workload, setup)
-    evaluate = T.Evaluator(windows, run_dir, T.is_masked(cfg))
+    windows = training.ValWindows(cfg, workload, setup)
+    evaluate = training.Evaluator(windows, run_dir, training.is_masked(cfg))
     keep = cfg.checkpoint.keep
     callbacks = CallbackList(
         [
-            T.ProgressBar(cfg.algo.total_timesteps, cfg.progress),
-            T.ServingStats(),
-            T.Every(cfg.eval.every_steps, evaluate),
-            T.Every(cfg.checkpoint.every_steps, lambda m: T.save_checkpoint(m, run_dir, keep)),
+            training.ProgressBar(cfg.algo.total_timesteps, cfg.progress),
+            training.ServingStats(),
+            training.Every(cfg.eval.every_steps, evaluate),
+            training.Every(cfg.checkpoint.every_steps, lambda m: training.save_checkpoint(m, run_dir, keep)),
         ]
     )
 
@@ -99,12 +90,10 @@ def main(dcfg: DictConfig) -> None:
     if evaluate.last_timesteps != model.num_timesteps:
         evaluate(model)
     if not previous or model.num_timesteps > start_steps:
-        T.save_checkpoint(model, run_dir, keep)
+        training.save_checkpoint(model, run_dir, keep)
 
     # ---- export the best policy ---------------------------------------------------------------
     best = evaluate.best
-    best_model = T.ALGOS[cfg.algo.name].load(str(run_dir / T.BEST_DIR / T.MODEL_FILE), device="cpu")
-    best_stats = T.VecNormalize.load(str(run_dir / T.BEST_DIR / T.VECNORM_FILE), venv)
     provenance = {
         "algo": cfg.algo.name.value,
         "workload": cfg.workload.name,
@@ -114,7 +103,7 @@ def main(dcfg: DictConfig) -> None:
         "git_commit": commit,
     }
     export_dir = run_dir / "export"
-    write_export(policy_net(best_model, best_stats, T.is_masked(cfg)), export_dir, provenance)
+    write_export(training.best_policy_net(cfg, run_dir), export_dir, provenance)
     venv.close()
 
     # ---- summary: the trained policy beside the baseline on the same val windows -------------

@@ -78,7 +78,9 @@ def us(ns: list[int]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--policy", help="exported policy directory (default: the shipped one, else untrained)")
+    parser.add_argument(
+        "--policy", help="exported policy directory (default: the shipped one, else untrained)"
+    )
     parser.add_argument("--workload", default="synthetic_azure_conv")
     parser.add_argument("--load-scale", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=0)

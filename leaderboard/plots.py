@@ -120,8 +120,6 @@ class Stall:
 
     long: int
     stream: int
-    prefill_start: float
-    prefill_end: float
 
 
 def find_stall(result: SimResult) -> Stall | None:
@@ -131,21 +129,32 @@ def find_stall(result: SimResult) -> Stall | None:
     finished = np.flatnonzero(out.finished)
     longest = finished[np.argsort(-out.prompt_len[finished], kind="stable")][:LONGEST_CANDIDATES]
     for long in longest:
-        start = float(out.arrival[long] + out.sched_delay[long])
-        end = float(times[long][0])
+        start, end = prefill_span(result, long)
         streams = [
             (len(t), -rid)
             for rid, t in times.items()
             if rid != long and len(t) > 1 and t[0] < start and t[-1] > end
         ]
         if streams:
-            return Stall(int(long), -max(streams)[1], start, end)
+            return Stall(int(long), -max(streams)[1])
     return None
 
 
-def _prefill_span(result: SimResult, rid: int) -> tuple[float, float]:
+def prefill_span(result: SimResult, rid: int) -> tuple[float, float] | None:
+    """From request ``rid``'s first scheduled iteration to its first token; None if it never finished."""
     out = result.outcomes
+    if not out.finished[rid]:
+        return None
     return float(out.arrival[rid] + out.sched_delay[rid]), float(result.token_times[rid][0])
+
+
+def stall_window(
+    results: Mapping[str, SimResult], stall: Stall, margin_s: float = 2.0
+) -> tuple[float, float]:
+    """From ``margin_s`` before the long prompt arrives to ``margin_s`` after its last prefill ends."""
+    first = next(iter(results.values()))
+    ends = [span[1] for r in results.values() if (span := prefill_span(r, stall.long))]
+    return float(first.outcomes.arrival[stall.long]) - margin_s, max(ends) + margin_s
 
 
 def timeline(results: Mapping[str, SimResult], stall: Stall, slo: SLO, title: str, path: Path) -> Path:
@@ -156,17 +165,19 @@ def timeline(results: Mapping[str, SimResult], stall: Stall, slo: SLO, title: st
     )
     prompt = int(next(iter(results.values())).outcomes.prompt_len[stall.long])
     for ax, (policy, result) in zip(axes[0], results.items(), strict=True):
-        t = result.token_times[stall.stream]
+        t = result.token_times.get(stall.stream, np.empty(0))
         gaps = np.diff(t)
-        ax.stairs(gaps, t, baseline=None, lw=1.2, label=f"request {stall.stream}: gap between its tokens")
-        ax.axvline(
-            result.outcomes.arrival[stall.long], color="tab:red", lw=1, label=f"request {stall.long} arrives"
-        )
-        ax.axvspan(*_prefill_span(result, stall.long), color="tab:red", alpha=0.15, label="its prefill")
+        if len(gaps):
+            ax.stairs(gaps, t, baseline=None, lw=1.2, label=f"request {stall.stream}: gap between its tokens")
+            ax.set_title(f"{policy}: max gap {gaps.max() * 1e3:.0f} ms", fontsize=10)
+        arrival = result.outcomes.arrival[stall.long]
+        ax.axvline(arrival, color="tab:red", lw=1, label=f"request {stall.long} arrives")
+        span = prefill_span(result, stall.long)
+        if span:
+            ax.axvspan(*span, color="tab:red", alpha=0.15, label="its prefill")
         ax.axhline(slo.tpot_s, color="k", ls="--", lw=0.8, label="TPOT bound")
         ax.axhline(slo.stall_s, color="k", ls=":", lw=0.8, label="stall bound")
         ax.set_yscale("log")
-        ax.set_title(f"{policy}: max gap {gaps.max() * 1e3:.0f} ms", fontsize=10)
         ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("token gap (s)")
@@ -178,7 +189,8 @@ def timeline(results: Mapping[str, SimResult], stall: Stall, slo: SLO, title: st
 
 
 def batch_composition(results: Mapping[str, SimResult], span: tuple[float, float], path: Path) -> Path:
-    """Stacked decode and prefill tokens of every iteration starting within ``span`` (seconds)."""
+    """Stacked decode and prefill tokens of every iteration starting within ``span`` (seconds),
+    on a scale linear up to 32 tokens and logarithmic above."""
     fig, axes = plt.subplots(
         len(results), 1, figsize=(10, 2.6 * len(results)), squeeze=False, sharex=True, layout="constrained"
     )
@@ -195,6 +207,7 @@ def batch_composition(results: Mapping[str, SimResult], span: tuple[float, float
         if len(x):
             ax.fill_between(x, 0, dec, step="post", color="tab:blue", lw=0, label="decode tokens")
             ax.fill_between(x, dec, both, step="post", color="tab:orange", lw=0, label="prefill tokens")
+        ax.set_yscale("symlog", linthresh=32)  # decodes (tens of tokens) stay visible beside long prefills
         ax.set_title(policy, fontsize=10)
         ax.set_ylabel("tokens / iteration")
         ax.grid(alpha=0.3)

@@ -164,15 +164,14 @@ class RunSpec:
         if get("backend") != BACKEND:
             raise ValueError(f"column backend: {row['backend']!r} rows cannot be rerun by the simulator")
         slo = from_mapping(SLOSpec, get("slo_spec", dict), source="column slo_spec")
+        names = get("model"), get("hardware"), get("tp", int), slo, get("cost_model")
         serving = get("serving", dict)
         try:
-            setup = Setup.create(
-                get("model"), get("hardware"), get("tp", int), slo, get("cost_model"), serving
-            )
+            setup = Setup.create(*names, serving)
         except ValueError as exc:
             raise ValueError(f"column serving: {exc}") from exc
-        window = row.get("window_s")
-        window = None if window in (None, "") or math.isnan(float(window)) else float(window)
+        window = None if row.get("window_s") in (None, "") else get("window_s", float)
+        window = None if window is None or math.isnan(window) else window
         return cls(get("policy"), get("workload"), get("load_scale", float), get("seed", int), setup, window)
 
 

@@ -77,7 +77,7 @@ class AlgoConfig:
     """PPO-family hyperparameters (SB3 names); ``total_timesteps`` is the run's total, also on resume."""
 
     name: AlgoName = MISSING
-    total_timesteps: int = 100_000
+    total_timesteps: int = 200_000
     n_envs: int = 4
     vec_env: VecEnvKind = VecEnvKind.dummy
     learning_rate: float = 3e-4

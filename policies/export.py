@@ -68,7 +68,8 @@ def policy_spec(net: PolicyNet, provenance: dict[str, Any]) -> dict[str, Any]:
         **env_contract(),
         "feature_set": env_feature_set(),
         "network": {
-            "sizes": [net.body[0].in_features] + [m.out_features for m in net.body if isinstance(m, nn.Linear)],
+            "sizes": [net.body[0].in_features]
+            + [m.out_features for m in net.body if isinstance(m, nn.Linear)],
             "activation": next(n for n, c in ACTIVATIONS.items() if isinstance(net.body[1], c)),
             "masked": net.masked,
         },

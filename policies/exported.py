@@ -106,7 +106,7 @@ class ExportedPolicy(Policy):
     def __init__(self, net: PolicyNet, spec: dict[str, Any]) -> None:
         self.net = net.eval()
         self.spec = spec
-        self.name = spec.get("name", "learned")
+        self.name = "learned"
         self.features = FEATURE_SETS[spec["feature_set"]][0]
         self.masked = net.masked
         self.n_levels = net.nvec[0]
@@ -118,7 +118,7 @@ class ExportedPolicy(Policy):
         self._weights = [(m.weight.detach().numpy().copy(), m.bias.detach().numpy().copy()) for m in linears]
         self._act = np.tanh if isinstance(net.body[1], nn.Tanh) else _relu
 
-    def act_one(self, obs: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+    def act_one(self, obs: np.ndarray, mask: np.ndarray | None) -> tuple[int, int]:
         """The action for one observation (numpy; same arithmetic as :class:`PolicyNet`)."""
         x = (obs.astype(np.float64) - self._mean) / self._std
         h = np.minimum(np.maximum(x, -self._clip), self._clip).astype(np.float32)
@@ -206,7 +206,8 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
         or not isinstance(net.get("masked"), bool)
     ):
         raise ExportError(
-            path, f"field 'network' must hold sizes (positive ints), activation in {sorted(ACTIVATIONS)} "
+            path,
+            f"field 'network' must hold sizes (positive ints), activation in {sorted(ACTIVATIONS)} "
             f"and masked (bool), got {net!r}",
         )
     if net["sizes"][0] != len(spec["feature_names"]):
@@ -229,7 +230,8 @@ def verify_file(directory: str | Path, spec: dict[str, Any], name: str) -> Path:
     actual = sha256_of(path)
     if actual != expected:
         raise ExportError(
-            path, f"SHA-256 {actual[:16]}... does not match policy.json ({expected[:16]}...): "
+            path,
+            f"SHA-256 {actual[:16]}... does not match policy.json ({expected[:16]}...): "
             "the file is corrupted or was changed after export",
         )
     return path
@@ -257,7 +259,8 @@ def load_policy(directory: str | Path) -> ExportedPolicy:
         got = tensors[name]
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ExportError(
-                path, f"tensor {name!r} is {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}"
+                path,
+                f"tensor {name!r} is {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}",
             )
         if not torch.isfinite(got).all():
             raise ExportError(path, f"tensor {name!r} holds NaN or infinite values")

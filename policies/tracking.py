@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,18 @@ class Guarded(KVWriter):
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - a tracker must never stop training
-            log.warning("%s tracker failed to %s and is switched off: %s: %s", self.name, what, type(exc).__name__, exc)
+            log.warning(
+                "%s tracker failed to %s and is switched off: %s: %s",
+                self.name,
+                what,
+                type(exc).__name__,
+                exc,
+            )
             self.inner = None
 
-    def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+    def write(
+        self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0
+    ) -> None:
         if self.inner is not None:
             inner = self.inner
             self.guard(lambda: inner.write(key_values, key_excluded, step), "write")
@@ -67,7 +76,9 @@ class WandbWriter(KVWriter):
     def __init__(self, run: Any) -> None:
         self.run = run
 
-    def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+    def write(
+        self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0
+    ) -> None:
         data = {k: v for k, v in key_values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         if data:
             self.run.log(data, step=step)
@@ -76,12 +87,14 @@ class WandbWriter(KVWriter):
         self.run.finish()
 
 
-def start_wandb(cfg: LoggerConfig, mode: str, run_dir: Path, name: str, config: dict[str, Any]) -> WandbWriter:
+def start_wandb(
+    cfg: LoggerConfig, mode: str, run_dir: Path, name: str, config: dict[str, Any]
+) -> WandbWriter:
     import wandb
 
     state_file = run_dir / TRACKING_FILE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    run_id = state.get("wandb_run_id") or wandb.util.generate_id()
+    run_id = state.get("wandb_run_id") or secrets.token_hex(6)
     state_file.write_text(json.dumps({"wandb_run_id": run_id}) + "\n")
     run = wandb.init(
         project=cfg.project,

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import math
+import pickle
 import shutil
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import yaml
 from sb3_contrib import MaskablePPO
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
@@ -41,13 +43,21 @@ from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 from policies.config import Activation, AlgoName, Schedule, TrainConfig, VecEnvKind
 from policies.export import in_memory_policy, policy_net
-from policies.exported import ENV_VERSION
+from policies.exported import ENV_VERSION, PolicyNet
 
 log = logging.getLogger(__name__)
 
 ALGOS: dict[AlgoName, type[OnPolicyAlgorithm]] = {AlgoName.maskable_ppo: MaskablePPO, AlgoName.ppo: PPO}
 ACTIVATION_FNS: dict[Activation, type[nn.Module]] = {Activation.tanh: nn.Tanh, Activation.relu: nn.ReLU}
-EVAL_METRICS = ("goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tbt_p99_s", "tpot_p99_s", "max_tbt_s")
+EVAL_METRICS = (
+    "goodput_rps",
+    "slo_attainment",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tbt_p99_s",
+    "tpot_p99_s",
+    "max_tbt_s",
+)
 """Serving metrics of each val evaluation (means over the windows)."""
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -61,7 +71,9 @@ RESUMABLE_CHANGES = ("algo.total_timesteps", "logger", "checkpoint", "eval.every
 
 # ---- serving setup and envs ----------------------------------------------------------------
 def serving_setup(cfg: TrainConfig) -> ServingSetup:
-    return ServingSetup.from_specs(cfg.model, cfg.hardware, cfg.env.tp, cfg.slo, cfg.env.cost_model, cfg.serving)
+    return ServingSetup.from_specs(
+        cfg.model, cfg.hardware, cfg.env.tp, cfg.slo, cfg.env.cost_model, cfg.serving
+    )
 
 
 def env_kwargs(cfg: TrainConfig, workload: Workload) -> dict[str, Any]:
@@ -114,7 +126,9 @@ def normalised(venv: VecEnv, cfg: TrainConfig, stats: Path | None) -> VecNormali
         vecnorm.training = True
         return vecnorm
     a = cfg.algo
-    return VecNormalize(venv, norm_obs=True, norm_reward=a.normalize_reward, clip_obs=a.clip_obs, gamma=a.gamma)
+    return VecNormalize(
+        venv, norm_obs=True, norm_reward=a.normalize_reward, clip_obs=a.clip_obs, gamma=a.gamma
+    )
 
 
 # ---- model -------------------------------------------------------------------------------
@@ -156,6 +170,14 @@ def is_masked(cfg: TrainConfig) -> bool:
     return cfg.algo.name is AlgoName.maskable_ppo
 
 
+def best_policy_net(cfg: TrainConfig, run_dir: Path) -> PolicyNet:
+    """The best val model of the run (``run_dir/best``) as the network to export."""
+    model = ALGOS[cfg.algo.name].load(str(run_dir / BEST_DIR / MODEL_FILE), device="cpu")
+    with open(run_dir / BEST_DIR / VECNORM_FILE, "rb") as f:  # SB3's own format; no env needed to read it
+        stats = pickle.load(f)
+    return policy_net(model, stats, is_masked(cfg))
+
+
 # ---- evaluation on val windows --------------------------------------------------------------
 class ValWindows:
     """Fixed windows of the val split (one per seed), the same for every evaluation of a run."""
@@ -167,7 +189,9 @@ class ValWindows:
         for seed in e.seeds:
             trace = workload.window("val", seed, e.load_scale, e.window_s)
             if not len(trace):
-                raise ValueError(f"val window of {workload.spec.name!r} for eval seed {seed} is empty; pick other eval.seeds")
+                raise ValueError(
+                    f"val window of {workload.spec.name!r} for eval seed {seed} is empty; pick other eval.seeds"
+                )
             self.traces.append(trace)
 
     def evaluate(self, make_policy: Callable[[], Policy]) -> dict[str, float]:
@@ -289,7 +313,14 @@ class ProgressBar(BaseCallback):
 
     def _on_training_start(self) -> None:
         start = self.model.num_timesteps
-        self.bar = tqdm(total=self.total, initial=start, unit="step", disable=not self.enabled, file=sys.stderr)
+        self.bar = tqdm(
+            total=self.total,
+            initial=start,
+            unit="step",
+            mininterval=1.0,
+            disable=not self.enabled,
+            file=sys.stderr,
+        )
 
     def _on_step(self) -> bool:
         self.bar.update(self.training_env.num_envs)
@@ -312,8 +343,25 @@ def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int) -> Path:
 def checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     root = run_dir / CHECKPOINT_DIR
-    found = [p for p in root.glob("step_*") if p.is_dir() and (p / MODEL_FILE).is_file()] if root.is_dir() else []
+    found = (
+        [p for p in root.glob("step_*") if p.is_dir() and (p / MODEL_FILE).is_file()] if root.is_dir() else []
+    )
     return sorted((p for p in found if not p.name.endswith(".tmp")), key=lambda p: p.name)
+
+
+def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list[Path]:
+    """The run folder's checkpoints (to resume from) after checking that ``config`` may continue them;
+    then writes ``config`` as the folder's ``config.yaml``."""
+    found = checkpoints(run_dir)
+    saved = run_dir / CONFIG_FILE
+    if found and not resume:
+        raise SystemExit(f"{run_dir} already holds checkpoints; pass resume=true or another hydra.run.dir")
+    if found:
+        changed = config_differences(identity(yaml.safe_load(saved.read_text())), identity(config))
+        if changed:
+            raise SystemExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
+    saved.write_text(yaml.safe_dump(config, sort_keys=False))
+    return found
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -352,7 +400,11 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "high": 1.0,
             "features": [{"name": n, "description": d} for n, d in FEATURES_V0],
         },
-        "action": {"nvec": list(NVEC), "budget_levels": list(BUDGET_LEVELS), "allocation_rules": list(RULE_NAMES)},
+        "action": {
+            "nvec": list(NVEC),
+            "budget_levels": list(BUDGET_LEVELS),
+            "allocation_rules": list(RULE_NAMES),
+        },
         "reward": "+1 per request meeting its SLO, -1 per request missing it, times reward_scale",
         "reward_scale": cfg.env.reward_scale,
         "setup": {
@@ -360,7 +412,9 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "hardware": cfg.hardware.name,
             "tp": cfg.env.tp,
             "cost_model": cfg.env.cost_model,
-            "cost_model_description": str(getattr(setup.cost_model, "description", type(setup.cost_model).__name__)),
+            "cost_model_description": str(
+                getattr(setup.cost_model, "description", type(setup.cost_model).__name__)
+            ),
             "slo": dataclasses.asdict(slo),
             "serving": dataclasses.asdict(cfg.serving),
         },

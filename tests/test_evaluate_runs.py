@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from baselines import PrefillFirst, Sarathi
 from envs.serving.metrics import load_slo
 from leaderboard.parallel import JobError, parallel_map
-from leaderboard.plots import find_stall
+from leaderboard.plots import find_stall, prefill_span
 from leaderboard.runs import RunSpec, Setup, run_row
 from leaderboard.tracking import upload
 from tests.simtools import make_sim, make_trace
@@ -92,8 +93,9 @@ def test_find_stall_picks_the_long_prompt_and_a_request_streaming_across_it() ->
     fcfs = make_sim(trace).run(PrefillFirst(whole_prompts=True))
     stall = find_stall(fcfs)
     assert (stall.long, stall.stream) == (1, 0)
-    gaps = fcfs.token_times[0]
-    assert stall.prefill_end - stall.prefill_start > 0.5 * max(gaps[1:] - gaps[:-1])
+    start, end = prefill_span(fcfs, stall.long)
+    gaps = np.diff(fcfs.token_times[0])
+    assert end - start > 0.5 * gaps.max(), "the stream's longest gap is the long prompt's prefill"
     assert find_stall(make_sim(make_trace([0.0], [12000], [3])).run(Sarathi(512))) is None
 
 

@@ -95,7 +95,9 @@ def test_tensor_of_wrong_shape(copy):
     tensors["body.0.weight"] = tensors["body.0.weight"][:, :15].contiguous()
     save_file(tensors, copy / "policy.safetensors")
     _rehash(copy, "policy.safetensors")
-    with pytest.raises(ExportError, match=r"tensor 'body\.0\.weight' is torch\.float32\[64, 15\], expected .*\[64, 16\]"):
+    with pytest.raises(
+        ExportError, match=r"tensor 'body\.0\.weight' is torch\.float32\[64, 15\], expected .*\[64, 16\]"
+    ):
         load_policy(copy)
 
 

@@ -41,7 +41,10 @@ def _observations(n: int = N_OBS) -> tuple[np.ndarray, np.ndarray]:
         mask = env.action_masks()
         out.append(obs)
         masks.append(mask)
-        action = (rng.choice(np.flatnonzero(mask[:NUM_LEVELS])), rng.choice(np.flatnonzero(mask[NUM_LEVELS:])))
+        action = (
+            rng.choice(np.flatnonzero(mask[:NUM_LEVELS])),
+            rng.choice(np.flatnonzero(mask[NUM_LEVELS:])),
+        )
         obs, _, _, truncated, _ = env.step(np.array(action))
         if truncated:
             obs, _ = env.reset()
@@ -71,7 +74,9 @@ def test_exported_actions_equal_sb3_deterministic_actions(trained, observations)
     assert len(np.unique(expected, axis=0)) > 1, "a constant policy would make this test vacuous"
     policy = load_policy(directory)
     np.testing.assert_array_equal(policy.act(obs, masks), expected)
-    np.testing.assert_array_equal(np.array([policy.act_one(o, m) for o, m in zip(obs, masks)]), expected)
+    np.testing.assert_array_equal(
+        np.array([policy.act_one(o, m) for o, m in zip(obs, masks, strict=True)]), expected
+    )
     program = load_program(directory).module()
     actions = program(torch.as_tensor(obs), torch.as_tensor(masks))
     assert actions.dtype == torch.int64 and tuple(actions.shape) == (len(obs), 2)

@@ -7,7 +7,9 @@ from tests.test_train_cli import TINY, train
 
 def test_two_job_sweep_with_the_joblib_launcher(tmp_path):
     sweep = tmp_path / "sweep"
-    out = train("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}")
+    out = train(
+        "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Joblib.Parallel(n_jobs=2" in out.stdout + out.stderr
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())

@@ -39,6 +39,7 @@ class Rule(IntEnum):
     FCFS = 0  # partly prefilled prompts first, then by arrival (Sarathi-Serve, vLLM)
     SHORTEST_FIRST = 1  # fewest remaining prefill tokens first
     LEAST_SLACK = 2  # least TTFT slack first: deadline minus estimated remaining prefill time
+    SLACK_DOOMED_LAST = 3  # least slack first among prompts that can still meet TTFT; missed ones last
 
 
 RULE_NAMES = tuple(r.name.lower() for r in Rule)
@@ -148,7 +149,9 @@ def rule_order(view: View, rule: Rule) -> Sequence[Request]:
     if rule == Rule.SHORTEST_FIRST:
         return sorted(cands, key=_remaining_key)
     per_token = view.core.prefill_s_per_token
-    return sorted(cands, key=lambda r: r.deadline - per_token * r.remaining_prefill)
+    if rule == Rule.LEAST_SLACK:
+        return sorted(cands, key=lambda r: r.deadline - per_token * r.remaining_prefill)
+    return sorted(cands, key=lambda r: (r.violated, r.deadline - per_token * r.remaining_prefill))
 
 
 def _fcfs_key(r: Request) -> tuple[bool, int]:

@@ -1,0 +1,85 @@
+"""Tracking: W&B offline runs hold config and scalars; a failing tracker never stops training."""
+
+import logging
+
+import pytest
+
+from policies import tracking
+from policies.config import LoggerConfig, TrackerMode
+from tests.test_train_cli import TINY, train
+
+
+def test_wandb_offline_run_holds_config_and_scalars(tmp_path):
+    run_dir = tmp_path / "run"
+    out = train(*TINY, "logger.mode=offline", "logger.tags=[unit]", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1
+    data = logs[0].read_bytes()
+    # W&B's binary log stores keys and JSON-encoded values as plain bytes
+    for key in (b"eval/goodput_rps", b"eval/ttft_p99_s", b"eval/tbt_p99_s", b"train/learning_rate"):
+        assert key in data, key
+    for config in (
+        b"total_timesteps",
+        b"synthetic_azure_conv",
+        b"git_commit",
+        b"env_spec",
+        b"best_val_goodput_rps",
+    ):
+        assert config in data, config
+    assert (run_dir / "tb").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("mode", "env", "expected"),
+    [
+        (TrackerMode.auto, {}, "offline"),
+        (TrackerMode.auto, {"WANDB_API_KEY": "x" * 40}, "online"),
+        (TrackerMode.auto, {"WANDB_MODE": "disabled", "WANDB_API_KEY": "x" * 40}, "disabled"),
+        (TrackerMode.offline, {"WANDB_API_KEY": "x" * 40}, "offline"),
+        (TrackerMode.disabled, {}, "disabled"),
+    ],
+)
+def test_mode_resolution(monkeypatch, mode, env, expected):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert tracking.resolve_mode(mode) == expected
+
+
+class Exploding(tracking.KVWriter):
+    def __init__(self):
+        self.calls = 0
+
+    def write(self, key_values, key_excluded, step=0):
+        self.calls += 1
+        raise ConnectionError("network down")
+
+    def close(self):
+        raise OSError("disk full")
+
+
+def test_a_failing_tracker_is_switched_off_with_one_warning(caplog):
+    inner = Exploding()
+    guarded = tracking.Guarded("wandb", lambda: inner)
+    with caplog.at_level(logging.WARNING, logger="policies.tracking"):
+        for step in range(3):
+            guarded.write({"a": 1.0}, {"a": None}, step)
+        guarded.close()
+    assert inner.calls == 1 and guarded.inner is None
+    assert len(caplog.records) == 1 and "network down" in caplog.text
+
+
+def test_a_tracker_failing_to_start_leaves_the_other_outputs(monkeypatch, tmp_path, caplog):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("wandb.init timed out")
+
+    monkeypatch.setattr(tracking, "start_wandb", refuse)
+    with caplog.at_level(logging.WARNING, logger="policies.tracking"):
+        logger = tracking.make_logger(LoggerConfig(mode=TrackerMode.offline), tmp_path, "name", {})
+    logger.record("eval/goodput_rps", 1.5)
+    logger.dump(step=10)
+    tracking.close_logger(logger, {"best_val_goodput_rps": 1.5})
+    assert "wandb.init timed out" in caplog.text
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
