@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from envs.actions import NVEC, action_mask, action_plan
+from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.serving.scheduling import Plan, Policy, View
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
@@ -62,7 +63,8 @@ class Timed(Policy):
 def untrained_policy(directory: Path) -> ExportedPolicy:
     """A freshly initialised network of train.py's default shape, exported and loaded back."""
     torch.manual_seed(0)
-    write_export(PolicyNet([16, 64, 64], NVEC), directory, {"note": "untrained, for latency only"})
+    sizes = [len(ChunkedPrefillEnv.feature_names), 64, 64]
+    write_export(PolicyNet(sizes, NVEC), directory, {"note": "untrained, for latency only"})
     return load_policy(directory)
 
 

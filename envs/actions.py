@@ -5,25 +5,25 @@ Masks keep one representative per distinct plan, so masking never removes a choi
 * budget levels above the smallest one that covers every decode plus every waiting
   prompt's remaining prefill (over the rule lookahead) give the same plan as that
   level, so they are masked;
-* allocation rules are masked (all but FCFS) when at most one prompt waits, since
-  every order is then the same;
+* allocation rules are masked (all but the first, FCFS) when at most one prompt
+  waits, since every order is then the same;
 * with no prompt waiting only (level 0, FCFS) stays: every action steps the decodes.
 
-For algorithms that ignore masks, :func:`canonical_action` maps any action to the
+For algorithms that ignore masks, :meth:`ActionSpec.canonical` maps any action to the
 valid one with the same plan (budget clamped to the covering level, rule to FCFS
 where rules are masked).  The mapping is exact, not an approximation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from envs.serving.scheduling import RULE_NAMES, Plan, Rule, View, plan_budget
+from envs.serving.scheduling import Plan, Rule, View, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
-NUM_RULES = len(RULE_NAMES)
-NVEC = (NUM_LEVELS, NUM_RULES)
 
 
 def covering_level(view: View) -> int:
@@ -37,29 +37,50 @@ def covering_level(view: View) -> int:
     return NUM_LEVELS - 1
 
 
-def action_mask(view: View) -> np.ndarray:
-    """Boolean mask over ``sum(NVEC)`` entries: budget levels, then rules."""
-    mask = np.zeros(NUM_LEVELS + NUM_RULES, dtype=bool)
-    queued = len(view.queue)
-    top = covering_level(view) if queued else 0
-    mask[: top + 1] = True
-    if queued > 1:
-        mask[NUM_LEVELS:] = True
-    else:
-        mask[NUM_LEVELS] = True
-    return mask
+@dataclass(frozen=True)
+class ActionSpec:
+    """``MultiDiscrete([9, len(rules)])``: a budget level and an allocation rule (index into ``rules``)."""
+
+    rules: tuple[Rule, ...]
+
+    @property
+    def nvec(self) -> tuple[int, int]:
+        return (NUM_LEVELS, len(self.rules))
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        return tuple(r.name.lower() for r in self.rules)
+
+    def mask(self, view: View) -> np.ndarray:
+        """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules."""
+        mask = np.zeros(NUM_LEVELS + len(self.rules), dtype=bool)
+        queued = len(view.queue)
+        mask[: (covering_level(view) if queued else 0) + 1] = True
+        if queued > 1:
+            mask[NUM_LEVELS:] = True
+        else:
+            mask[NUM_LEVELS] = True
+        return mask
+
+    def canonical(self, view: View, level: int, rule: int) -> tuple[int, int]:
+        """The valid action with the same plan as ``(level, rule)``."""
+        queued = len(view.queue)
+        if not queued:
+            return 0, 0
+        return min(int(level), covering_level(view)), (int(rule) if queued > 1 else 0)
+
+    def plan(self, view: View, level: int, rule: int) -> Plan:
+        """The plan an action stands for: the shared planner at that budget and rule."""
+        level, rule = self.canonical(view, level, rule)
+        return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])
 
 
-def canonical_action(view: View, level: int, rule: int) -> tuple[int, int]:
-    """The valid action with the same plan as ``(level, rule)``."""
-    queued = len(view.queue)
-    if not queued:
-        return 0, 0
-    level = min(int(level), covering_level(view))
-    return level, (int(rule) if queued > 1 else 0)
+ACTIONS_V0 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK))
+ACTIONS_V1 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK, Rule.SLACK_DOOMED_LAST))
 
-
-def action_plan(view: View, level: int, rule: int) -> Plan:
-    """The plan an action stands for: the shared planner at that budget and rule."""
-    level, rule = canonical_action(view, level, rule)
-    return plan_budget(view, BUDGET_LEVELS[level], Rule(rule))
+# The v0 action space under its historical names.
+NVEC = ACTIONS_V0.nvec
+NUM_RULES = len(ACTIONS_V0.rules)
+action_mask = ACTIONS_V0.mask
+canonical_action = ACTIONS_V0.canonical
+action_plan = ACTIONS_V0.plan

@@ -38,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.actions import NVEC, action_mask, action_plan
+from envs.actions import ACTIONS_V0
 from envs.features import FEATURE_NAMES_V0, features_v0
 from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL, ServingSetup
@@ -66,6 +66,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
 
     metadata = {"render_modes": []}
     feature_names = FEATURE_NAMES_V0
+    features = staticmethod(features_v0)
+    actions = ACTIONS_V0
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         serving: dict[str, Any] | None = None,
         data_root: str | None = None,
     ) -> None:
-        self.workload = workload if isinstance(workload, Workload) else load_workload(workload, data_root)
+        self.workloads = [workload if isinstance(workload, Workload) else load_workload(workload, data_root)]
         self.split = split
         self.setup = ServingSetup.from_specs(
             load_model(model) if isinstance(model, str) else model,
@@ -101,7 +103,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self.window_s = window_s
         self.max_steps = max_steps
         self.reward_scale = reward_scale
-        self.action_space = spaces.MultiDiscrete(NVEC)
+        self.action_space = spaces.MultiDiscrete(self.actions.nvec)
         self.observation_space = spaces.Box(-1.0, 1.0, (len(self.feature_names),), np.float32)
         self.sim: Simulator | None = None
         self._steps = 0
@@ -110,34 +112,42 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     # ---- gymnasium API -------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        rng = self.np_random
+        rng = self._episode_rng()
         for _ in range(16):  # a bursty trace can leave a window empty: draw another
-            load = (
-                float(rng.uniform(*self.load_range))
-                if self.load_range[0] < self.load_range[1]
-                else self.load_range[0]
+            workload = (
+                self.workloads[int(rng.integers(len(self.workloads)))]
+                if len(self.workloads) > 1
+                else self.workloads[0]
             )
-            trace = self.workload.window(self.split, int(rng.integers(2**31)), load, self.window_s)
+            lo, hi = self.load_range
+            load = float(rng.uniform(lo, hi)) if lo < hi else lo
+            trace = workload.window(self.split, int(rng.integers(2**31)), load, self._window_s(workload))
             if len(trace):
                 break
         else:
             raise RuntimeError(
-                f"16 windows of {self.workload.spec.name!r} ({self.split}) in a row were empty"
+                f"16 windows in a row of {[w.spec.name for w in self.workloads]} ({self.split}) were empty"
             )
-        self.load = load
+        self.workload, self.load = workload, load
         self.sim = self.setup.simulator(trace)
-        self.sim.advance_to_work()
+        self._advance()
         self._steps = 0
         self._score = 0
-        return self._obs(), {"requests": len(trace), "load_scale": load, "now": self.sim.core.now}
+        info = {
+            "requests": len(trace),
+            "load_scale": load,
+            "workload": workload.spec.name,
+            "now": self.sim.core.now,
+        }
+        return self._obs(), info
 
     def step(self, action: np.ndarray):
         sim = self.sim
         if sim is None:
             raise RuntimeError("call reset() before step()")
         core = sim.core
-        latency = sim.step(action_plan(core.view, int(action[0]), int(action[1])))
-        more = sim.advance_to_work()
+        latency = sim.step(self.actions.plan(core.view, int(action[0]), int(action[1])))
+        more = self._advance()
         self._steps += 1
         score = core.n_good - core.n_bad
         reward = (score - self._score) * self.reward_scale
@@ -160,7 +170,19 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def action_masks(self) -> np.ndarray:
         """Valid actions for sb3-contrib's MaskablePPO: budget levels, then rules."""
-        return action_mask(self.sim.core.view)
+        return self.actions.mask(self.sim.core.view)
+
+    # ---- hooks for later versions -------------------------------------------------------------
+    def _episode_rng(self) -> np.random.Generator:
+        """Where an episode's window and load come from: the env's seeded generator."""
+        return self.np_random
+
+    def _window_s(self, workload: Workload) -> float | None:
+        return self.window_s
+
+    def _advance(self) -> bool:
+        """Move to the next decision point; False once the trace is done."""
+        return self.sim.advance_to_work()
 
     def _obs(self) -> np.ndarray:
-        return features_v0(self.sim.core.view)
+        return self.features(self.sim.core.view)

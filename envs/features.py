@@ -100,3 +100,70 @@ def features_v0(view: View) -> np.ndarray:
         ),
         dtype=np.float32,
     )
+
+
+FEATURES_V1: tuple[tuple[str, str], ...] = FEATURES_V0 + (
+    (
+        "tpot_slack",
+        "least TPOT slack of a streaming request that can still meet its SLO, "
+        "B * (tokens - 1) - (last - first token time), / (8 * TPOT bound B), in [-1, 1]; 1 if none",
+    ),
+    ("decode_doomed_fraction", "streaming requests already known to miss their SLO / streaming requests"),
+    ("decode_gap_tpot", "(now - last decode emission) / TPOT bound / 4, clipped to 1; 0 without decodes"),
+    ("alive_queue_log", "log1p(lookahead prompts that can still meet TTFT) / log1p(1024)"),
+    ("alive_pending_log", "log1p(prefill tokens left of those prompts) / log1p(2^20)"),
+    ("alive_shortest_log", "log1p(fewest tokens left of those prompts) / log1p(2^17)"),
+    ("prefix_hit_ewma", "EWMA (alpha 0.05) of the prompt fraction served from the prefix cache at arrival"),
+    ("queued_kv_demand", "KV blocks the lookahead prompts still need / free blocks / 2, clipped to 1"),
+    (
+        "full_plan_latency",
+        "predicted latency of all decodes + all lookahead prefill now / TPOT bound / 8, clipped",
+    ),
+    ("decode_count_log", "log1p(requests decoding) / log1p(256)"),
+)
+FEATURE_NAMES_V1 = tuple(name for name, _ in FEATURES_V1)
+_L256 = math.log1p(256)
+
+
+def features_v1(view: View) -> np.ndarray:
+    """The v0 features plus SLO-risk, doomed-work and prediction features (see ``FEATURES_V1``)."""
+    core = view.core
+    now = core.now
+    slo = core.slo
+    dec = core.decode
+    n_dec = dec.n
+    kv = core.kv
+    alive = alive_pending = alive_shortest = pending = 0
+    for r in core.lookahead():
+        left = r.target - r.computed
+        pending += left
+        if not r.violated and now - r.arrival <= r.ttft_bound:
+            alive += 1
+            alive_pending += left
+            if not alive_shortest or left < alive_shortest:
+                alive_shortest = left
+    slack = dec.min_tpot_slack() / (8 * slo.tpot_s)
+    free = kv.free - core.decode_block_need()
+    demand = pending / kv.block_size
+    latency = core.cost_model.iteration_time(
+        n_dec,
+        dec.context_sum(dec.clock) if n_dec else 0,
+        (pending,) if pending else (),
+        (0,) if pending else (),
+    )
+    extra = np.array(
+        (
+            -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
+            dec.n_doomed / n_dec if n_dec else 0.0,
+            _unit((now - dec.last_time) / slo.tpot_s / 4) if n_dec else 0.0,
+            _unit(math.log1p(alive) / _L1024),
+            _unit(math.log1p(alive_pending) / _L20),
+            _unit(math.log1p(alive_shortest) / _L17),
+            core.prefix_hit_ewma,
+            _unit(demand / max(free, 1) / 2),
+            _unit(latency / slo.tpot_s / 8),
+            _unit(math.log1p(n_dec) / _L256),
+        ),
+        dtype=np.float32,
+    )
+    return np.concatenate((features_v0(view), extra))

@@ -66,7 +66,7 @@ class EnvConfig:
 
     tp: int = 1
     cost_model: str = "calibrated"  # calibrated | roofline | path of a coefficient file
-    load_scale: list[float] = field(default_factory=lambda: [1.0, 2.0])  # [low, high], uniform per episode
+    load_scale: list[float] = field(default_factory=lambda: [1.0, 2.5])  # [low, high], uniform per episode
     window_s: float | None = 60.0  # trace-seconds per training episode; None = the workload's window_s
     max_steps: int = 200_000
     reward_scale: float = 0.1
@@ -78,7 +78,7 @@ class AlgoConfig:
 
     name: AlgoName = MISSING
     total_timesteps: int = 200_000
-    n_envs: int = 4
+    n_envs: int = 8
     vec_env: VecEnvKind = VecEnvKind.dummy
     learning_rate: float = 3e-4
     lr_schedule: Schedule = Schedule.constant
@@ -104,7 +104,9 @@ class EvalConfig:
 
     every_steps: int = 20_000
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
-    load_scale: float = 1.5
+    # A workload's 1x is 60% of Sarathi-512's capacity (conf/workload); at 2x every fixed budget misses the
+    # 90%-within-SLO mark on azure_conv, so policies differ there (at 1.5x the good ones all meet ~100%).
+    load_scale: float = 2.0
     window_s: float | None = None  # None = the workload's window_s
     baseline: str = "sarathi_512"  # a conf/policy name, evaluated once per run on the same windows
 

@@ -9,15 +9,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from envs.actions import NVEC
+from envs.chunked_prefill import ChunkedPrefillEnv
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy, load_program
+
+N_FEATURES = len(ChunkedPrefillEnv.feature_names)
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("export")
-    write_export(PolicyNet([16, 64, 64], NVEC), directory, {"note": "untrained"})
+    write_export(PolicyNet([N_FEATURES, 64, 64], NVEC), directory, {"note": "untrained"})
     return directory
 
 
@@ -82,7 +85,12 @@ def test_wrong_env_version(copy):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("nvec", [9, 4]), ("budget_levels", [64, 128]), ("allocation_rules", ["fcfs"]), ("env_version", 3)],
+    [
+        ("nvec", [n + 1 for n in NVEC]),
+        ("budget_levels", [64, 128]),
+        ("allocation_rules", ["fcfs"]),
+        ("env_version", 3),
+    ],
 )
 def test_mismatched_action_space(copy, field, value):
     _edit_spec(copy, lambda s: s.update({field: value}))
@@ -92,11 +100,12 @@ def test_mismatched_action_space(copy, field, value):
 
 def test_tensor_of_wrong_shape(copy):
     tensors = load_file(copy / "policy.safetensors")
-    tensors["body.0.weight"] = tensors["body.0.weight"][:, :15].contiguous()
+    tensors["body.0.weight"] = tensors["body.0.weight"][:, :-1].contiguous()
     save_file(tensors, copy / "policy.safetensors")
     _rehash(copy, "policy.safetensors")
     with pytest.raises(
-        ExportError, match=r"tensor 'body\.0\.weight' is torch\.float32\[64, 15\], expected .*\[64, 16\]"
+        ExportError,
+        match=rf"tensor 'body\.0\.weight' is torch\.float32\[64, {N_FEATURES - 1}\], expected .*\[64, {N_FEATURES}\]",
     ):
         load_policy(copy)
 

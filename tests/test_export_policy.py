@@ -23,6 +23,15 @@ ENV_KW = dict(workload="synthetic_azure_conv", cost_model="roofline", window_s=2
 N_OBS = 1200
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny networks: extra threads only add synchronisation (and stall on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _train(algo, steps: int = 1024):
     torch.manual_seed(0)
     venv = VecNormalize(DummyVecEnv([lambda: gym.make(envs.ENV_ID, **ENV_KW) for _ in range(2)]))

@@ -13,8 +13,9 @@ from omegaconf.errors import OmegaConfBaseException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from chunkgym import REPO_ROOT
-from policies.config import TrainConfig, register_configs, to_train_config
+from policies.config import TrainConfig, plain, register_configs, to_train_config
 from policies.exported import load_policy
+from policies.training import prepare_run_dir
 
 # A tiny run that needs no data files and no calibration (what +experiment=smoke sets, smaller).
 TINY = [
@@ -125,8 +126,9 @@ def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
     policy = load_policy(run_dir / "export")
     assert policy.spec["timesteps"] <= 256 and policy.spec["config_hash"] == summary["config_hash"]
 
-    changed = train(*TINY, "algo.learning_rate=0.1", f"hydra.run.dir={run_dir}")
-    assert changed.returncode != 0 and "config changed: algo.learning_rate" in changed.stderr
+    changed = plain(compose_train([*TINY, "algo.learning_rate=0.1"]))
+    with pytest.raises(SystemExit, match=r"config changed: algo.learning_rate: 0.0003 -> 0.1"):
+        prepare_run_dir(run_dir, changed, resume=True)
 
     second = train(*TINY, "algo.total_timesteps=512", f"hydra.run.dir={run_dir}")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -151,3 +153,17 @@ def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
     assert [row["timesteps"] for row in history] == [256, 512]
     for name in ("policy.safetensors", "policy.json", "policy.pt2"):
         assert (run_dir / "export" / name).stat().st_size > 0
+
+
+def test_evaluation_uses_fixed_val_windows_only():
+    from envs.serving.workload import Workload
+    from policies.training import ValWindows, serving_setup
+
+    cfg = to_train_config(compose_train(["+experiment=smoke", "eval.seeds=[0,1]"]))
+    workload = Workload(cfg.workload)
+    windows = ValWindows(cfg, workload, serving_setup(cfg))
+    for seed, trace in zip(cfg.eval.seeds, windows.traces, strict=True):
+        val = workload.window("val", seed, cfg.eval.load_scale, cfg.eval.window_s)
+        test = workload.window("test", seed, cfg.eval.load_scale, cfg.eval.window_s)
+        assert trace.arrival_s.tolist() == val.arrival_s.tolist()
+        assert trace.prompt_len.tolist() != test.prompt_len.tolist()

@@ -2,6 +2,11 @@
 
 import json
 
+import pytest
+from hydra import compose, initialize_config_dir
+
+from chunkgym import REPO_ROOT
+from policies.config import register_configs
 from tests.test_train_cli import TINY, train
 
 
@@ -14,10 +19,27 @@ def test_two_job_sweep_with_the_joblib_launcher(tmp_path):
     assert "Joblib.Parallel(n_jobs=2" in out.stdout + out.stderr
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name.split("__")[0] for p in jobs] == ["0", "1"]
-    seeds = []
+    hashes = []
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         assert summary["timesteps"] == 256 and summary["run_dir"] == str(job)
         assert all((job / "export" / f"policy.{ext}").is_file() for ext in ("safetensors", "json", "pt2"))
-        seeds.append(json.loads(json.dumps(summary))["config_hash"])
-    assert seeds[0] != seeds[1], "the seed is part of each job's config"
+        hashes.append(summary["config_hash"])
+    assert hashes[0] != hashes[1], "each job has its own seed in its config"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "target"),
+    [
+        ("local", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+        ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ],
+)
+def test_shipped_launcher_configs_compose(launcher, target):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            "train", overrides=[f"hydra/launcher={launcher}", "+experiment=long"], return_hydra_config=True
+        )
+    assert cfg.hydra.launcher._target_ == target
+    assert cfg.algo.total_timesteps == 1_000_000

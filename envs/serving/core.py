@@ -31,6 +31,7 @@ from envs.serving.scheduling import Plan, View
 
 RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
 LATENCY_EWMA_ALPHA = 0.1
+PREFIX_EWMA_ALPHA = 0.05
 
 
 @dataclass
@@ -58,8 +59,9 @@ class Batch:
 class DecodeGroup:
     """Every request in its decode phase, stepped together."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, tpot_s: float) -> None:
         self.bs = block_size
+        self.tpot_s = tpot_s
         self.clock = 0  # decode iterations run so far
         self.n = 0
         self._offset = 0  # sum over members of (kv0 - join clock)
@@ -69,6 +71,11 @@ class DecodeGroup:
         self.end: list[float] = []  # end time of each decode iteration, indexed by decode clock
         self.last_time = -math.inf
         self.joiners: list[Request] = []  # joined since the last decode iteration
+        self.n_doomed = 0  # members already known to miss their SLO
+        # TPOT slack of member i, B * (tokens - 1) - (last token - first token), is c_i + slack_base:
+        # every decode step adds B - gap to all members at once.  Heap of (c_i, rid, join, request).
+        self.slack_base = 0.0
+        self._slack_heap: list[tuple[float, int, int, Request]] = []
 
     def context_sum(self, clock: int) -> int:
         """KV tokens all members attend to in the decode iteration at ``clock``."""
@@ -83,6 +90,7 @@ class DecodeGroup:
         req.decode_join = j = self.clock
         req.decode_kv0 = kv0 = req.computed
         self.n += 1
+        self.n_doomed += req.violated
         self._offset += kv0 - j
         self.phase[(kv0 - j) % self.bs] += 1
         self.members[req.rid] = req
@@ -98,12 +106,37 @@ class DecodeGroup:
         self._offset -= kv0 - j
         self.phase[(kv0 - j) % self.bs] -= 1
         del self.members[req.rid]
+        self.n_doomed -= req.violated
         if steps:
             req.emissions.append((j, self.clock))
             req.generated += steps
         if req in self.joiners:
             self.joiners.remove(req)
         return kv0 + steps
+
+    def record(self, t_end: float) -> None:
+        """A decode iteration ended at ``t_end``: log it, advance the clock, track TPOT slack."""
+        tpot = self.tpot_s
+        if self.n > len(self.joiners):  # members that emitted at last_time gain B minus this gap
+            self.slack_base += tpot - (t_end - self.last_time)
+        for req in self.joiners:
+            first, last = req.emissions[0], req.emissions[-1]
+            slack = tpot * (req.generated - 1) - (last - first) + tpot - (t_end - last)
+            heapq.heappush(self._slack_heap, (slack - self.slack_base, req.rid, req.decode_join, req))
+        self.joiners = []
+        self.end.append(t_end)
+        self.last_time = t_end
+        self.clock += 1
+
+    def min_tpot_slack(self) -> float:
+        """Least TPOT slack (s) among members still able to meet their SLO; inf if none."""
+        heap = self._slack_heap
+        while heap:
+            _, _, j, req = heap[0]
+            if req.status is Status.DECODING and req.decode_join == j and not req.violated:
+                return heap[0][0] + self.slack_base
+            heapq.heappop(heap)
+        return math.inf
 
     def pop_finished(self) -> list[Request]:
         done = []
@@ -145,7 +178,7 @@ class ServingCore:
         self.max_model_len = max_model_len
         self.now = 0.0
         self.queue: list[Request] = []
-        self.decode = DecodeGroup(kv.block_size)
+        self.decode = DecodeGroup(kv.block_size, slo.tpot_s)
         self.next_arrival = 0  # index into requests of the next arrival not yet admitted
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
@@ -159,6 +192,7 @@ class ServingCore:
         self._deadlines: list[tuple[float, int, Request]] = []
         self.last_latency = 0.0
         self.latency_ewma = 0.0
+        self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
         self.view = View(self)
@@ -199,6 +233,7 @@ class ServingCore:
         heapq.heappush(self._deadlines, (req.deadline, req.rid, req))
         self._match_prefix(req)
         req.prefix_hit = req.computed
+        self.prefix_hit_ewma += PREFIX_EWMA_ALPHA * (req.computed / req.prompt_len - self.prefix_hit_ewma)
         self.queue.append(req)
 
     def _reject(self, req: Request, reason: str) -> None:
@@ -341,7 +376,6 @@ class ServingCore:
     def _decode_step(self, t_end: float) -> None:
         """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""
         dec = self.decode
-        dec.end.append(t_end)
         stall = self.slo.stall_s
         joiners = dec.joiners
         if t_end - dec.last_time > stall:  # every member but the joiners last emitted at last_time
@@ -351,9 +385,7 @@ class ServingCore:
         for req in joiners:  # a joiner last emitted when its prefill finished
             if not req.violated and t_end - req.emissions[-1] > stall:
                 self._violate(req)
-        dec.joiners = []
-        dec.last_time = t_end
-        dec.clock += 1
+        dec.record(t_end)
         for req in dec.pop_finished():
             self.finish(req, dec.leave(req))
 
@@ -402,6 +434,8 @@ class ServingCore:
     def _violate(self, req: Request) -> None:
         req.violated = True
         self.n_bad += 1
+        if req.status is Status.DECODING:
+            self.decode.n_doomed += 1
 
     def _expire_deadlines(self) -> None:
         """Requests still without a first token past their TTFT bound are known to miss it."""

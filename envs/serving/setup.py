@@ -60,7 +60,9 @@ class ServingSetup:
         cost_model: str = "calibrated",
         serving: dict[str, Any] | ServingConfig | None = None,
     ) -> ServingSetup:
-        return cls.from_specs(load_model(model), load_hardware(hardware), tp, load_slo(slo), cost_model, serving)
+        return cls.from_specs(
+            load_model(model), load_hardware(hardware), tp, load_slo(slo), cost_model, serving
+        )
 
     @classmethod
     def from_specs(

@@ -104,13 +104,23 @@ class Simulator:
         )
         self.log = IterationLog()
 
-    def fork(self) -> Simulator:
-        """An independent copy of the current state (for what-if rollouts), sharing immutable parts."""
+    def fork(self, keep_log: bool = True) -> Simulator:
+        """An independent copy of the current state for what-if rollouts.
+
+        Immutable parts (trace, cost model, SLO, finished requests' token times) are
+        shared; ``keep_log=False`` starts the copy with an empty iteration log.
+        """
         core = self.core
         shared = [self.trace, self.cost, self.slo, self.config, core.cost_model, core.slo, core.config]
         shared += [r.hash_ids for r in core.requests if r.hash_ids is not None]
+        shared += core.token_times.values()
+        if not keep_log:
+            shared.append(self.log)
         memo = {id(x): x for x in shared}
-        return copy.deepcopy(self, memo)
+        twin = copy.deepcopy(self, memo)
+        if not keep_log:
+            twin.log = IterationLog()
+        return twin
 
     # ---- stepping ------------------------------------------------------------------------
     def advance_to_work(self) -> bool:
@@ -161,26 +171,24 @@ class Simulator:
         free, stall = core.kv.free, core.slo.stall_s
         used = core.kv.used
         cost = self.cost.iteration_time
-        append, ends = self.log.append, dec.end
-        clock, now, last, allocated = dec.clock, core.now, dec.last_time, 0
-        while clock < stop and now < t_arr:  # a step starts only while no arrival is due
-            need = phase[-clock % bs]
+        append = self.log.append
+        start_clock, now, allocated = dec.clock, core.now, 0
+        while dec.clock < stop and now < t_arr:  # a step starts only while no arrival is due
+            need = phase[-dec.clock % bs]
             if allocated + need > free:
                 break
-            lat = cost(n, dec.context_sum(clock), (), ())
+            lat = cost(n, dec.context_sum(dec.clock), (), ())
             end = now + lat
-            if end - last > stall:
+            if end - dec.last_time > stall:
                 break
             allocated += need
             append(now, lat, n, 0, 0, used + allocated)
-            ends.append(end)
             core.observe_time(end)
-            now = last = end
-            clock += 1
-        if clock == dec.clock:
+            dec.record(end)
+            now = end
+        if dec.clock == start_clock:
             return False
         core.kv.allocate(allocated)
-        dec.clock, dec.last_time = clock, last
         for req in dec.pop_finished():
             core.finish(req, dec.leave(req))
         return True

@@ -1,0 +1,98 @@
+"""Headroom: how much can choosing the budget and rule per iteration gain over fixed budgets?
+
+For each workload (val split, so the test split stays unseen), the capacity (>= 90% of
+requests within SLO, default model and hardware) of:
+
+* ``sarathi``: the best fixed Sarathi budget (FCFS allocation), swept 128..8192;
+* ``constant``: the best constant action (budget x allocation rule) of the env;
+* ``oracle``: the hindsight oracle of :mod:`policies.oracle` (rollout policy
+  improvement over the best constant action, re-simulating every action each period).
+
+The ratio oracle / sarathi is the ceiling a learned policy can aim for.
+
+    python bench/headroom.py [--workloads azure_conv ...] [--seeds 0] [--no-oracle]
+
+The last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import chunkgym
+from envs.serving.metrics import capacity_search
+from envs.serving.scheduling import RULE_NAMES, Rule, plan_budget
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import load_workload, workload_names
+from policies.oracle import DEFAULT_BUDGETS, DEFAULT_RULES, oracle_run
+
+SARATHI_BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def attainment(setup, workload, seed, scale, budget, rule) -> float:
+    from baselines import Sarathi
+
+    trace = workload.window("val", seed, scale)
+    return setup.simulator(trace).run(Sarathi(budget, RULE_NAMES[rule])).metrics["slo_attainment"]
+
+
+def main() -> None:
+    chunkgym.require_own_packages()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--no-oracle", action="store_true")
+    ap.add_argument("--period-s", type=float, default=4.0)
+    ap.add_argument("--horizon-s", type=float, default=24.0)
+    ap.add_argument("--rel-tol", type=float, default=0.02)
+    args = ap.parse_args()
+    setup = ServingSetup.from_names()
+    report = {}
+    for name in args.workloads:
+        workload = load_workload(name)
+        row = {}
+        for seed in args.seeds:
+            caps = {}
+            for budget in SARATHI_BUDGETS:
+                for rule in (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST):
+                    if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
+                        continue
+                    res = capacity_search(
+                        lambda s, b=budget, r=rule: attainment(setup, workload, seed, s, b, r) >= 0.9,
+                        rel_tol=args.rel_tol,
+                    )
+                    caps[(budget, rule)] = res.scale
+            sarathi = max((c, b) for (b, r), c in caps.items() if r == Rule.FCFS)
+            constant = max((c, b, int(r)) for (b, r), c in caps.items())
+            entry = {"sarathi": sarathi[0], "sarathi_budget": sarathi[1], "constant": constant[0],
+                     "constant_action": [constant[1], RULE_NAMES[constant[2]]]}
+            if not args.no_oracle:
+                base = (constant[1], Rule(constant[2]))
+                start = time.perf_counter()
+
+                def oracle_passes(scale: float) -> bool:
+                    sim = setup.simulator(workload.window("val", seed, scale))
+                    result, _ = oracle_run(sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s)
+                    return result.metrics["slo_attainment"] >= 0.9
+
+                res = capacity_search(oracle_passes, start=constant[0], rel_tol=args.rel_tol)
+                entry["oracle"] = res.scale
+                entry["oracle_wall_s"] = time.perf_counter() - start
+            row[seed] = entry
+            print(f"{name:18s} seed {seed}: " + json.dumps(entry), flush=True)
+        keys = ("sarathi", "constant", "oracle")
+        summary = {k: float(np.mean([row[s][k] for s in args.seeds])) for k in keys if k in row[args.seeds[0]]}
+        summary["constant_over_sarathi"] = summary["constant"] / summary["sarathi"]
+        if "oracle" in summary:
+            summary["oracle_over_sarathi"] = summary["oracle"] / summary["sarathi"]
+        report[name] = {"per_seed": row, **summary}
+        print(f"{name:18s} capacity (load scale): " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()), flush=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

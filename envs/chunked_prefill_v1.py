@@ -1,0 +1,93 @@
+"""``chunkgym/ChunkedPrefill-v1``: v0's problem, made learnable across workloads.
+
+Differences from v0 (which stays registered, unchanged):
+
+* **Steps are decisions.**  Iterations whose only valid action is forced (no prompt
+  waiting: every action just steps the decodes) run without asking the agent; their
+  rewards accrue to the next step.  So one step is one iteration in which the
+  budget or the rule can change the plan.
+* **Action** ``MultiDiscrete([9, 4])``: v0's rules plus 3 = least TTFT slack first
+  among prompts that can still meet TTFT, the ones already past it last.
+* **Observation** ``Box(-1, 1, (26,))``: :data:`envs.features.FEATURES_V1` (v0's 16 plus
+  TPOT slack of the most at-risk stream, doomed work, queued KV demand, a cost-model
+  prediction of serving everything now, prefix-cache hits).
+* **Episodes** draw a workload from ``workloads`` and a load from ``load_scale`` (each
+  workload's own 1x), over ``window_scale`` times its window.  With ``input_seed``
+  set, the k-th episode of every env with that seed replays the same (workload,
+  window, load): common random numbers across parallel envs, so the advantage of an
+  action is not drowned by the difference between two arrival sequences.
+
+The reward is v0's: +1 per request finishing within its SLO, -1 per request the moment
+it is known to miss it, so the return is ``(2 * goodput * span - requests) * scale``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from envs.actions import ACTIONS_V1
+from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.features import FEATURE_NAMES_V1, features_v1
+from envs.serving.scheduling import Plan
+from envs.serving.workload import Workload, load_workload
+
+TRAIN_WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv", "sharegpt_poisson")
+
+
+class ChunkedPrefillEnvV1(ChunkedPrefillEnv):
+    """Decision-level steps over several workloads; see the module docstring.
+
+    Args (beyond :class:`ChunkedPrefillEnv`'s, whose ``workload`` this replaces):
+        workloads: names (``conf/workload``, ``file:PATH``) or loaded workloads to draw from.
+        window_scale: episode window = this x each workload's ``window_s`` (unless ``window_s`` is set).
+        input_seed: if set, episode inputs come from ``(input_seed, episode index)``.
+    """
+
+    feature_names = FEATURE_NAMES_V1
+    features = staticmethod(features_v1)
+    actions = ACTIONS_V1
+
+    def __init__(
+        self,
+        workloads: Sequence[str | Workload] | str = TRAIN_WORKLOADS,
+        window_scale: float = 1.0,
+        input_seed: int | None = None,
+        data_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(workloads, str | Workload):
+            workloads = [workloads]
+        if not workloads:
+            raise ValueError("workloads must name at least one workload")
+        loaded = [w if isinstance(w, Workload) else load_workload(w, data_root) for w in workloads]
+        super().__init__(workload=loaded[0], data_root=data_root, **kwargs)
+        self.workloads = loaded
+        if window_scale <= 0:
+            raise ValueError(f"window_scale must be > 0, got {window_scale}")
+        self.window_scale = window_scale
+        self.input_seed = input_seed
+        self._episodes = 0
+
+    def _episode_rng(self) -> np.random.Generator:
+        self._episodes += 1
+        if self.input_seed is None:
+            return self.np_random
+        return np.random.default_rng([self.input_seed, self._episodes])
+
+    def _window_s(self, workload: Workload) -> float | None:
+        return self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
+
+    def _advance(self) -> bool:
+        """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
+        sim = self.sim
+        core = sim.core
+        n = len(core.requests)
+        while sim.advance_to_work():
+            if core.queue or core.n_good + core.n_bad == n:
+                return True
+            if not sim.fast_forward():
+                sim.step(Plan(decode=True))
+        return False
