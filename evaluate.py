@@ -4,6 +4,7 @@
     python evaluate.py "policies=[fcfs,sarathi_512,learned:PATH]" "workloads=[azure_conv,file:/abs/t.jsonl]" \\
         "load_scales=[1.0,2.0]" "seeds=[0,1,2]" slo=strict capacity=false output_dir=DIR
     python evaluate.py validate=DIR/results.csv   # rerun every row; exits 1 naming each differing value
+    python evaluate.py results=DIR/results.csv    # only render the leaderboard of existing rows (e.g. engine)
 
 Named workloads run on their test split, one window per seed; a ``file:PATH`` trace is used whole
 (split ``all``; the seed draws the arrivals of a length-only file). Writes under ``output_dir``:
@@ -37,6 +38,7 @@ from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
 from leaderboard.parallel import default_jobs, parallel_map
 from leaderboard.runs import (
+    BACKEND,
     TBT_PROBS,
     CapacityJob,
     RowResult,
@@ -47,7 +49,7 @@ from leaderboard.runs import (
     run_row,
     simulate,
 )
-from leaderboard.tables import markdown, ranking, write_csv, write_json
+from leaderboard.tables import markdown, ranking, read_rows, write_csv, write_json
 from leaderboard.tracking import MODES as LOGGER_MODES
 from leaderboard.tracking import upload
 from leaderboard.validate import validate
@@ -124,6 +126,7 @@ class EvaluateConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
+    results: str | None = None  # a results.csv/json whose leaderboard to render instead of evaluating
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -276,6 +279,23 @@ def draw(
     return images
 
 
+def render(path: str, out: Path) -> str:
+    """The leaderboard of an existing results file (any backend), written to ``out/leaderboard.md``.
+
+    Rows of another backend than the simulator (``python -m engine.replay``) carry it in their
+    policy label, so a policy's real and simulated runs rank side by side instead of pooling.
+    """
+    results = pd.DataFrame(read_rows(path)) if path.endswith(".json") else pd.read_csv(path)
+    if results.empty:
+        raise ValueError(f"{path}: holds no rows")
+    other = results["backend"] != BACKEND
+    results.loc[other, "policy"] = results["policy"][other] + " [" + results["backend"][other] + "]"
+    board = markdown(results, ranking(results))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leaderboard.md").write_text(board)
+    return board
+
+
 # ---- entry point ---------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
@@ -298,6 +318,12 @@ def main(cfg: DictConfig) -> None:
                 f"evaluate.py: {len(problems)} value(s) of {conf.validate} do not reproduce{more}{hint}"
             )
         print(f"{conf.validate}: all {rows} rows reproduce")
+        return
+    if conf.results:
+        try:
+            print(render(conf.results, Path(HydraConfig.get().runtime.output_dir)), end="")
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            raise SystemExit(f"evaluate.py: error: {conf.results}: {exc}") from exc
         return
     try:
         grid = plan(conf)

@@ -59,7 +59,8 @@ def main(dcfg: DictConfig) -> None:
 
     # ---- envs --------------------------------------------------------------------------------
     stats = previous[-1] / training.VECNORM_FILE if previous else None
-    venv = training.normalised(training.make_vec_env(cfg, workload), cfg, stats)
+    first_step = training.checkpoint_steps(previous[-1]) if previous else 0
+    venv = training.normalised(training.make_vec_env(cfg, workload, first_step), cfg, stats)
 
     # ---- model -------------------------------------------------------------------------------
     model = training.load_model(cfg, previous[-1], venv) if previous else training.new_model(cfg, venv)
@@ -70,7 +71,7 @@ def main(dcfg: DictConfig) -> None:
 
     # ---- callbacks: val evaluation (best model kept), checkpoints, progress ------------------
     windows = training.ValWindows(cfg, workload, setup)
-    evaluate = training.Evaluator(windows, run_dir, training.is_masked(cfg))
+    evaluate = training.Evaluator(windows, run_dir, cfg.env.id, training.is_masked(cfg))
     keep = cfg.checkpoint.keep
     callbacks = CallbackList(
         [
@@ -103,7 +104,7 @@ def main(dcfg: DictConfig) -> None:
         "git_commit": commit,
     }
     export_dir = run_dir / "export"
-    write_export(training.best_policy_net(cfg, run_dir), export_dir, provenance)
+    write_export(training.best_policy_net(cfg, run_dir), cfg.env.id, export_dir, provenance)
     venv.close()
 
     # ---- summary: the trained policy beside the baseline on the same val windows -------------

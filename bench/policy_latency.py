@@ -22,13 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs.actions import NVEC, action_mask, action_plan
-from envs.chunked_prefill import ChunkedPrefillEnv
+from envs import ENV_ID
 from envs.serving.scheduling import Plan, Policy, View
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.export import write_export
-from policies.exported import ExportedPolicy, PolicyNet, load_policy
+from policies.exported import ExportedPolicy, PolicyNet, env_class, load_policy
 from policies.registry import SHIPPED_LEARNED, make_policy
 
 
@@ -49,22 +48,23 @@ class Timed(Policy):
             t0 = clock()
             obs = self.inner.features(view)
             t1 = clock()
-            mask = action_mask(view)
+            mask = self.inner.actions.mask(view)
             t2 = clock()
             level, rule = self.inner.act_one(obs, mask)
             t3 = clock()
-            action_plan(view, level, rule)
+            self.inner.actions.plan(view, level, rule)
             t4 = clock()
             for key, ns in zip(self.stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 self.stages[key].append(ns)
         return plan
 
 
-def untrained_policy(directory: Path) -> ExportedPolicy:
-    """A freshly initialised network of train.py's default shape, exported and loaded back."""
+def untrained_policy(directory: Path, env_id: str) -> ExportedPolicy:
+    """A freshly initialised network of train.py's default shape for ``env_id``, exported and loaded back."""
     torch.manual_seed(0)
-    sizes = [len(ChunkedPrefillEnv.feature_names), 64, 64]
-    write_export(PolicyNet(sizes, NVEC), directory, {"note": "untrained, for latency only"})
+    env = env_class(env_id)
+    net = PolicyNet([len(env.feature_names), 64, 64], env.actions.nvec)
+    write_export(net, env_id, directory, {"note": "untrained, for latency only"})
     return load_policy(directory)
 
 
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument(
         "--policy", help="exported policy directory (default: the shipped one, else untrained)"
     )
+    parser.add_argument("--env", default=ENV_ID, help="env of the untrained policy (when none is given)")
     parser.add_argument("--workload", default="synthetic_azure_conv")
     parser.add_argument("--load-scale", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=0)
@@ -96,7 +97,7 @@ def main() -> None:
         elif SHIPPED_LEARNED.is_dir():
             policy, source = load_policy(SHIPPED_LEARNED), str(SHIPPED_LEARNED)
         else:
-            policy, source = untrained_policy(Path(tmp)), "untrained (default shape)"
+            policy, source = untrained_policy(Path(tmp), args.env), f"untrained ({args.env}, default shape)"
         setup = ServingSetup.from_names(cost_model=args.cost_model)
         trace = load_workload(args.workload).window("test", args.seed, args.load_scale)
         replay(setup, trace, policy)  # warm-up: caches, lazy imports

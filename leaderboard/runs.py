@@ -193,6 +193,15 @@ def simulate(spec: RunSpec) -> tuple[Trace, SimResult]:
 def run_row(spec: RunSpec) -> RowResult:
     """Simulate ``spec`` and lay its results out as the leaderboard's columns."""
     trace, result = simulate(spec)
+    return result_row(spec, trace, result)
+
+
+def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BACKEND) -> RowResult:
+    """``result`` of serving ``trace`` under ``spec`` as the leaderboard's columns.
+
+    Shared by the simulator's rows and the real engine's (``backend="engine"``, :mod:`engine.replay`),
+    so both have the same columns computed by the same code.
+    """
     setup = spec.setup.build()
     keys = {
         "policy": spec.policy,
@@ -202,7 +211,7 @@ def run_row(spec: RunSpec) -> RowResult:
     }
     row = {
         **keys,
-        "backend": BACKEND,
+        "backend": backend,
         "hardware": spec.setup.hardware,
         "model": spec.setup.model,
         "tp": spec.setup.tp,

@@ -62,8 +62,11 @@ class TrackerMode(Choice):
 
 @dataclass
 class EnvConfig:
-    """Training episodes of ``chunkgym/ChunkedPrefill-v0`` (see its docstring for each field)."""
+    """Training episodes (see the env's docstring for each field); v1-only fields say so."""
 
+    id: str = "chunkgym/ChunkedPrefill-v0"  # or chunkgym/ChunkedPrefill-v1 (decision steps, 26 features)
+    workloads: list[str] = field(default_factory=list)  # v1: more workloads to draw episodes from
+    common_inputs: bool = False  # v1: all envs replay the same (workload, window, load) per episode
     tp: int = 1
     cost_model: str = "calibrated"  # calibrated | roofline | path of a coefficient file
     load_scale: list[float] = field(default_factory=lambda: [1.0, 2.5])  # [low, high], uniform per episode

@@ -29,7 +29,6 @@ from policies.exported import (
     ExportedPolicy,
     PolicyNet,
     env_contract,
-    env_feature_set,
     sha256_of,
 )
 
@@ -59,14 +58,13 @@ def policy_net(model: OnPolicyAlgorithm, vecnorm: VecNormalize, masked: bool) ->
     return net.eval()
 
 
-def policy_spec(net: PolicyNet, provenance: dict[str, Any]) -> dict[str, Any]:
-    """The ``policy.json`` content, without the file hashes."""
+def policy_spec(net: PolicyNet, env_id: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The ``policy.json`` content for ``net`` trained on ``env_id``, without the file hashes."""
     state = net.state_dict()
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        **env_contract(),
-        "feature_set": env_feature_set(),
+        **env_contract(env_id),
         "network": {
             "sizes": [net.body[0].in_features]
             + [m.out_features for m in net.body if isinstance(m, nn.Linear)],
@@ -84,9 +82,9 @@ def policy_spec(net: PolicyNet, provenance: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def in_memory_policy(net: PolicyNet, provenance: dict[str, Any] | None = None) -> ExportedPolicy:
+def in_memory_policy(net: PolicyNet, env_id: str) -> ExportedPolicy:
     """The scheduler that the export of ``net`` would load as (used for evaluation during training)."""
-    return ExportedPolicy(net, policy_spec(net, provenance or {}))
+    return ExportedPolicy(net, policy_spec(net, env_id, {}))
 
 
 def export_program(net: PolicyNet) -> torch.export.ExportedProgram:
@@ -97,11 +95,13 @@ def export_program(net: PolicyNet) -> torch.export.ExportedProgram:
     return torch.export.export(net, example, dynamic_shapes={"obs": {0: batch}, "mask": {0: batch}})
 
 
-def write_export(net: PolicyNet, directory: str | Path, provenance: dict[str, Any]) -> dict[str, Any]:
-    """Write the three artefacts into ``directory``; returns the policy.json content."""
+def write_export(
+    net: PolicyNet, env_id: str, directory: str | Path, provenance: dict[str, Any]
+) -> dict[str, Any]:
+    """Write the three artefacts of ``net`` (trained on ``env_id``) into ``directory``; returns policy.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    spec = policy_spec(net, provenance)
+    spec = policy_spec(net, env_id, provenance)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, directory / WEIGHTS_FILE)
     torch.export.save(export_program(net), directory / PROGRAM_FILE)
     spec["files"] = {name: sha256_of(directory / name) for name in (WEIGHTS_FILE, PROGRAM_FILE)}

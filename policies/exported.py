@@ -2,19 +2,21 @@
 
 An export directory (written by :mod:`policies.export`) holds:
 
-* ``policy.json``: env id and version, feature set and names, action space (nvec,
+* ``policy.json``: env id and version, feature function and names, action space (nvec,
   budget levels, allocation rules), network shape, observation normalisation, the
   SHA-256 of the other two files, and provenance (config hash, git commit, steps);
 * ``policy.safetensors``: the weights of :class:`PolicyNet`, normalisation included;
 * ``policy.pt2``: the same module as a ``torch.export`` program.
 
 :func:`load_policy` reads only the JSON and the safetensors file, so loading never
-unpickles anything; every field, file hash and tensor shape is checked against this
-code's env, and a mismatch names the file and what is wrong.  The result is an
+unpickles anything; every field, file hash and tensor shape is checked against the env
+the policy was trained on (any registered ``chunkgym/ChunkedPrefill-v*``, as this code
+defines it), and a mismatch names the file and what is wrong.  The result is an
 :class:`~envs.serving.scheduling.Policy`, so the simulator, ``evaluate.py`` and the
 real engine run it unchanged.  Per decision it computes the features, normalises
-them, runs the MLP in numpy (a single-row torch call costs ~40 us of dispatch;
-numpy ~9 us) and hands the masked-argmax action to the shared planner.
+them, runs the MLP in numpy (on one row, torch's per-op dispatch would cost more than
+the arithmetic) and hands the masked-argmax action to the env's planner;
+``bench/policy_latency.py`` measures each stage.
 :func:`load_program` runs ``policy.pt2`` (``torch.export.load`` unpickles, so the
 file's hash is verified first).
 """
@@ -23,33 +25,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 import torch
-from gymnasium.envs.registration import parse_env_id
+from gymnasium.envs.registration import load_env_creator, parse_env_id
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-import envs
-from envs.actions import BUDGET_LEVELS, NVEC, action_mask, action_plan
+from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.chunked_prefill import ChunkedPrefillEnv
-from envs.features import FEATURE_NAMES_V0, features_v0
-from envs.serving.scheduling import RULE_NAMES, Plan, Policy, View
+from envs.serving.scheduling import Plan, Policy, View
 
 FORMAT = "chunkgym-policy"
 FORMAT_VERSION = 1
 SPEC_FILE = "policy.json"
 WEIGHTS_FILE = "policy.safetensors"
 PROGRAM_FILE = "policy.pt2"
-ENV_VERSION = parse_env_id(envs.ENV_ID)[2]
-FEATURE_SETS: dict[str, tuple[Callable[[View], np.ndarray], tuple[str, ...]]] = {
-    "features_v0": (features_v0, FEATURE_NAMES_V0),
-}
-"""Feature functions an exported policy may name, with their feature names."""
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -101,15 +97,20 @@ class PolicyNet(nn.Module):
 
 
 class ExportedPolicy(Policy):
-    """A trained policy as a scheduler: features -> normalise -> MLP -> masked argmax -> plan."""
+    """A trained policy as a scheduler: features -> normalise -> MLP -> masked argmax -> plan.
+
+    Features, mask and planner are those of the env class named by ``spec["env_id"]``,
+    so the policy observes and acts exactly as it did in training.
+    """
 
     def __init__(self, net: PolicyNet, spec: dict[str, Any]) -> None:
         self.net = net.eval()
         self.spec = spec
         self.name = "learned"
-        self.features = FEATURE_SETS[spec["feature_set"]][0]
+        env = env_class(spec["env_id"])
+        self.features = env.features
+        self.actions = env.actions
         self.masked = net.masked
-        self.n_levels = net.nvec[0]
         state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
         self._mean = state["obs_mean"]
         self._std = np.sqrt(state["obs_var"] + state["obs_epsilon"])
@@ -128,8 +129,7 @@ class ExportedPolicy(Policy):
         logits = w_out @ h + b_out
         if self.masked:
             logits[~mask] = -np.inf
-        k = self.n_levels
-        return int(logits[:k].argmax()), int(logits[k:].argmax())
+        return int(logits[:NUM_LEVELS].argmax()), int(logits[NUM_LEVELS:].argmax())
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Actions for a batch, through the torch module (what ``policy.pt2`` computes)."""
@@ -137,8 +137,8 @@ class ExportedPolicy(Policy):
             return self.net(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)).numpy()
 
     def plan(self, view: View) -> Plan:
-        level, rule = self.act_one(self.features(view), action_mask(view) if self.masked else None)
-        return action_plan(view, level, rule)
+        level, rule = self.act_one(self.features(view), self.actions.mask(view) if self.masked else None)
+        return self.actions.plan(view, level, rule)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -149,29 +149,33 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def env_contract() -> dict[str, Any]:
-    """What an export must agree with: this code's env id, version, features and action space."""
+def env_class(env_id: Any) -> type[ChunkedPrefillEnv]:
+    """The class registered as ``env_id``: a chunkgym env, carrying its features and action spec."""
+    if not isinstance(env_id, str) or env_id not in gymnasium.registry:
+        known = sorted(k for k in gymnasium.registry if k.startswith("chunkgym/"))
+        raise ValueError(f"env {env_id!r} is not registered; chunkgym envs: {known}")
+    cls = load_env_creator(gymnasium.registry[env_id].entry_point)
+    if not (isinstance(cls, type) and issubclass(cls, ChunkedPrefillEnv)):
+        raise ValueError(f"env {env_id!r} is not a ChunkedPrefill env: {cls!r}")
+    return cls
+
+
+def env_contract(env_id: str) -> dict[str, Any]:
+    """What an export for ``env_id`` must agree with: that env's version, features and actions here."""
+    env = env_class(env_id)
     return {
-        "env_id": envs.ENV_ID,
-        "env_version": ENV_VERSION,
-        "feature_names": list(ChunkedPrefillEnv.feature_names),
-        "nvec": list(NVEC),
+        "env_id": env_id,
+        "env_version": parse_env_id(env_id)[2],
+        "feature_set": env.features.__name__,
+        "feature_names": list(env.feature_names),
+        "nvec": list(env.actions.nvec),
         "budget_levels": list(BUDGET_LEVELS),
-        "allocation_rules": list(RULE_NAMES),
+        "allocation_rules": list(env.actions.rule_names),
     }
 
 
-def env_feature_set() -> str:
-    """The name in :data:`FEATURE_SETS` of the features the env observes."""
-    names = tuple(ChunkedPrefillEnv.feature_names)
-    for key, (_, feature_names) in FEATURE_SETS.items():
-        if feature_names == names:
-            return key
-    raise RuntimeError(f"the env's features {names} are in no FEATURE_SETS entry: add theirs")
-
-
 def read_spec(directory: str | Path) -> dict[str, Any]:
-    """Parse and validate ``policy.json`` against the env this code implements."""
+    """Parse and validate ``policy.json`` against the env it names, as this code defines that env."""
     path = Path(directory) / SPEC_FILE
     if not path.is_file():
         raise ExportError(path, "file not found (not an exported policy directory?)")
@@ -187,16 +191,15 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
             f"format is {spec.get('format')!r} version {spec.get('format_version')!r}; "
             f"this code reads {FORMAT!r} version {FORMAT_VERSION}",
         )
-    for key, expected in env_contract().items():
+    try:
+        contract = env_contract(spec.get("env_id"))
+    except ValueError as exc:
+        raise ExportError(path, f"field 'env_id': {exc}") from None
+    for key, expected in contract.items():
         if key not in spec:
             raise ExportError(path, f"missing field {key!r}")
         if spec[key] != expected:
-            raise ExportError(path, f"field {key!r} is {spec[key]!r}, but this env has {expected!r}")
-    feature_set = spec.get("feature_set")
-    if feature_set not in FEATURE_SETS:
-        raise ExportError(path, f"unknown feature_set {feature_set!r}; known: {sorted(FEATURE_SETS)}")
-    if list(FEATURE_SETS[feature_set][1]) != spec["feature_names"]:
-        raise ExportError(path, f"feature_names differ from those of feature_set {feature_set!r}")
+            raise ExportError(path, f"field {key!r} is {spec[key]!r}, but {spec['env_id']} has {expected!r}")
     net = spec.get("network")
     if (
         not isinstance(net, dict)

@@ -34,16 +34,15 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv,
 from torch import nn
 from tqdm import tqdm
 
-import envs
-from envs.actions import BUDGET_LEVELS, NVEC
-from envs.features import FEATURES_V0
-from envs.serving.scheduling import RULE_NAMES, Policy
+from envs import ENV_ID_V1
+from envs.features import FEATURES_V1
+from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 from policies.config import Activation, AlgoName, Schedule, TrainConfig, VecEnvKind
 from policies.export import in_memory_policy, policy_net
-from policies.exported import ENV_VERSION, PolicyNet
+from policies.exported import PolicyNet, env_class, env_contract
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +75,27 @@ def serving_setup(cfg: TrainConfig) -> ServingSetup:
     )
 
 
-def env_kwargs(cfg: TrainConfig, workload: Workload) -> dict[str, Any]:
-    """Arguments of ``chunkgym/ChunkedPrefill-v0`` for training episodes (train split)."""
+def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> dict[str, Any]:
+    """Arguments of the ``env.id`` env for training episodes (train split).
+
+    v1 draws each episode's workload from ``workload`` plus ``env.workloads``; with
+    ``env.common_inputs`` every env replays the same inputs per episode index, from a
+    seed that moves on when a run resumes at ``start_steps``.
+    """
+    e = cfg.env
+    env_class(e.id)  # fails early, naming the registered envs, on an unknown id
+    if e.id == ENV_ID_V1:
+        extra = [Workload.from_name(name, cfg.data_root) for name in e.workloads]
+        inputs = {
+            "workloads": [workload, *extra],
+            "input_seed": cfg.seed + start_steps if e.common_inputs else None,
+        }
+    elif e.workloads or e.common_inputs:
+        raise ValueError(f"env.workloads and env.common_inputs need env.id={ENV_ID_V1}, not {e.id}")
+    else:
+        inputs = {"workload": workload}
     return {
-        "workload": workload,
+        **inputs,
         "split": "train",
         "model": cfg.model,
         "hardware": cfg.hardware,
@@ -108,14 +124,14 @@ class ServingInfo(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def make_env(kwargs: dict[str, Any]) -> gym.Env:
-    return Monitor(ServingInfo(gym.make(envs.ENV_ID, **kwargs)))
+def make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    return Monitor(ServingInfo(gym.make(env_id, **kwargs)))
 
 
-def make_vec_env(cfg: TrainConfig, workload: Workload) -> VecEnv:
+def make_vec_env(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> VecEnv:
     """``algo.n_envs`` training envs in one process (dummy) or one process each (subproc)."""
-    kwargs = env_kwargs(cfg, workload)
-    fns = [lambda: make_env(kwargs) for _ in range(cfg.algo.n_envs)]
+    kwargs = env_kwargs(cfg, workload, start_steps)
+    fns = [lambda: make_env(cfg.env.id, kwargs) for _ in range(cfg.algo.n_envs)]
     return DummyVecEnv(fns) if cfg.algo.vec_env is VecEnvKind.dummy else SubprocVecEnv(fns)
 
 
@@ -218,9 +234,10 @@ def save_pair(model: OnPolicyAlgorithm, directory: Path) -> None:
 class Evaluator:
     """Evaluates the current policy on the val windows; keeps the best in ``run_dir/best``."""
 
-    def __init__(self, windows: ValWindows, run_dir: Path, masked: bool) -> None:
+    def __init__(self, windows: ValWindows, run_dir: Path, env_id: str, masked: bool) -> None:
         self.windows = windows
         self.run_dir = run_dir
+        self.env_id = env_id
         self.masked = masked
         self.history = run_dir / HISTORY_FILE
         self.best: dict[str, Any] | None = None
@@ -233,7 +250,7 @@ class Evaluator:
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
         net = policy_net(model, model.get_vec_normalize_env(), self.masked)
-        policy = in_memory_policy(net)
+        policy = in_memory_policy(net, self.env_id)
         row = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
         with self.history.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -340,6 +357,11 @@ def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int) -> Path:
     return path
 
 
+def checkpoint_steps(checkpoint: Path) -> int:
+    """The step count a checkpoint folder (``step_<N>``) was saved at."""
+    return int(checkpoint.name.removeprefix("step_"))
+
+
 def checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     root = run_dir / CHECKPOINT_DIR
@@ -391,20 +413,19 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "
 def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
     """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
     slo = setup.slo
+    contract = env_contract(cfg.env.id)
+    described = dict(FEATURES_V1)  # v1's features extend v0's
     return {
-        "env_id": envs.ENV_ID,
-        "env_version": ENV_VERSION,
+        "env_id": cfg.env.id,
+        "env_version": contract["env_version"],
         "observation": {
-            "shape": [len(FEATURES_V0)],
+            "shape": [len(contract["feature_names"])],
             "low": -1.0,
             "high": 1.0,
-            "features": [{"name": n, "description": d} for n, d in FEATURES_V0],
+            "feature_set": contract["feature_set"],
+            "features": [{"name": n, "description": described.get(n, "")} for n in contract["feature_names"]],
         },
-        "action": {
-            "nvec": list(NVEC),
-            "budget_levels": list(BUDGET_LEVELS),
-            "allocation_rules": list(RULE_NAMES),
-        },
+        "action": {k: contract[k] for k in ("nvec", "budget_levels", "allocation_rules")},
         "reward": "+1 per request meeting its SLO, -1 per request missing it, times reward_scale",
         "reward_scale": cfg.env.reward_scale,
         "setup": {
@@ -419,7 +440,8 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "serving": dataclasses.asdict(cfg.serving),
         },
         "train_episodes": {
-            "workload": cfg.workload.name,
+            "workloads": [cfg.workload.name, *cfg.env.workloads],
+            "common_inputs": cfg.env.common_inputs,
             "split": "train",
             "load_scale": list(cfg.env.load_scale),
             "window_s": cfg.env.window_s if cfg.env.window_s is not None else cfg.workload.window_s,

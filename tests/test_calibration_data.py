@@ -77,7 +77,8 @@ def test_calibrated_model_reproduces_measured_rows() -> None:
 
 def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Path) -> None:
     written = write_cost_files(cal.files, tmp_path)
-    committed = sorted(COST_DIR.glob("*.yaml"))
+    # The GPU files; profiles of the local engine (hardware `cpu`) come from engine/calibrate.py.
+    committed = sorted(p for p in COST_DIR.glob("*.yaml") if not p.name.startswith("cpu__"))
     assert sorted(p.name for p in written) == [p.name for p in committed]
     stale = [p.name for p in committed if p.read_text() != (tmp_path / p.name).read_text()]
     assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from envs import ENV_ID, ENV_ID_V1
 from envs.actions import NVEC
 from envs.chunked_prefill import ChunkedPrefillEnv
 from policies.export import write_export
@@ -20,7 +21,7 @@ N_FEATURES = len(ChunkedPrefillEnv.feature_names)
 def exported(tmp_path_factory):
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("export")
-    write_export(PolicyNet([N_FEATURES, 64, 64], NVEC), directory, {"note": "untrained"})
+    write_export(PolicyNet([N_FEATURES, 64, 64], NVEC), ENV_ID, directory, {"note": "untrained"})
     return directory
 
 
@@ -73,13 +74,23 @@ def test_unreadable_weights_even_with_matching_hash(copy):
 
 def test_wrong_feature_count(copy):
     _edit_spec(copy, lambda s: s["feature_names"].pop())
-    with pytest.raises(ExportError, match=r"policy\.json: field 'feature_names' is .* but this env has"):
+    with pytest.raises(ExportError, match=rf"policy\.json: field 'feature_names' is .* but {ENV_ID} has"):
         load_policy(copy)
 
 
-def test_wrong_env_version(copy):
-    _edit_spec(copy, lambda s: s.update(env_id="chunkgym/ChunkedPrefill-v1", env_version=1))
-    with pytest.raises(ExportError, match=r"field 'env_id' is 'chunkgym/ChunkedPrefill-v1'"):
+def test_unknown_env_version(copy):
+    _edit_spec(copy, lambda s: s.update(env_id="chunkgym/ChunkedPrefill-v9", env_version=9))
+    with pytest.raises(
+        ExportError, match=r"field 'env_id': env 'chunkgym/ChunkedPrefill-v9' is not registered"
+    ):
+        load_policy(copy)
+
+
+def test_policy_of_one_env_version_claiming_another(copy):
+    _edit_spec(copy, lambda s: s.update(env_id=ENV_ID_V1, env_version=1))
+    with pytest.raises(
+        ExportError, match=rf"field 'feature_set' is 'features_v0', but {ENV_ID_V1} has 'features_v1'"
+    ):
         load_policy(copy)
 
 

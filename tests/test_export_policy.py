@@ -18,8 +18,14 @@ from envs.serving.setup import ServingSetup
 from policies.export import policy_net, write_export
 from policies.exported import ExportedPolicy, load_policy, load_program
 from policies.registry import make_policy
+from policies.training import make_env
 
-ENV_KW = dict(workload="synthetic_azure_conv", cost_model="roofline", window_s=20.0, load_scale=(1.0, 2.0))
+COMMON = dict(cost_model="roofline", window_s=20.0, load_scale=(1.0, 2.0))
+ENV_KW = {  # v1 takes a list of workloads
+    envs.ENV_ID: dict(workload="synthetic_azure_conv", **COMMON),
+    envs.ENV_ID_V1: dict(workloads=["synthetic_azure_conv"], **COMMON),
+}
+CASES = [("maskable_ppo", envs.ENV_ID), ("ppo", envs.ENV_ID), ("maskable_ppo", envs.ENV_ID_V1)]
 N_OBS = 1200
 
 
@@ -32,17 +38,17 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def _train(algo, steps: int = 1024):
+def _train(algo, env_id: str, steps: int = 1024):
     torch.manual_seed(0)
-    venv = VecNormalize(DummyVecEnv([lambda: gym.make(envs.ENV_ID, **ENV_KW) for _ in range(2)]))
+    venv = VecNormalize(DummyVecEnv([lambda: make_env(env_id, ENV_KW[env_id]) for _ in range(2)]))
     model = algo("MlpPolicy", venv, n_steps=128, batch_size=64, n_epochs=2, seed=0, device="cpu")
     model.learn(steps)
     return model, venv
 
 
-def _observations(n: int = N_OBS) -> tuple[np.ndarray, np.ndarray]:
+def _observations(env_id: str, n: int = N_OBS) -> tuple[np.ndarray, np.ndarray]:
     """Observations and masks visited by a random valid policy (varied loads and states)."""
-    env = gym.make(envs.ENV_ID, **{**ENV_KW, "load_scale": (0.5, 4.0)}).unwrapped
+    env = gym.make(env_id, **{**ENV_KW[env_id], "load_scale": (0.5, 4.0)}).unwrapped
     rng = np.random.default_rng(1)
     obs, _ = env.reset(seed=11)
     out, masks = [], []
@@ -60,23 +66,19 @@ def _observations(n: int = N_OBS) -> tuple[np.ndarray, np.ndarray]:
     return np.array(out), np.array(masks)
 
 
-@pytest.fixture(scope="module", params=["maskable_ppo", "ppo"])
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1][-2:]}")
 def trained(request, tmp_path_factory):
-    masked = request.param == "maskable_ppo"
-    model, venv = _train(MaskablePPO if masked else PPO)
-    directory = tmp_path_factory.mktemp(request.param)
-    write_export(policy_net(model, venv, masked), directory, {"algo": request.param})
-    return model, venv, masked, directory
+    algo, env_id = request.param
+    masked = algo == "maskable_ppo"
+    model, venv = _train(MaskablePPO if masked else PPO, env_id)
+    directory = tmp_path_factory.mktemp(algo)
+    write_export(policy_net(model, venv, masked), env_id, directory, {"algo": algo})
+    return model, venv, masked, directory, env_id
 
 
-@pytest.fixture(scope="module")
-def observations():
-    return _observations()
-
-
-def test_exported_actions_equal_sb3_deterministic_actions(trained, observations):
-    model, venv, masked, directory = trained
-    obs, masks = observations
+def test_exported_actions_equal_sb3_deterministic_actions(trained):
+    model, venv, masked, directory, env_id = trained
+    obs, masks = _observations(env_id)
     kw = {"action_masks": masks} if masked else {}
     expected, _ = model.predict(venv.normalize_obs(obs), deterministic=True, **kw)
     assert len(obs) >= 1000
@@ -97,8 +99,8 @@ def test_exported_actions_equal_sb3_deterministic_actions(trained, observations)
 
 def test_simulator_with_export_matches_env_with_sb3(trained):
     """The same window: SB3 stepping the env, and the exported policy scheduling the simulator."""
-    model, venv, masked, directory = trained
-    env = gym.make(envs.ENV_ID, **ENV_KW).unwrapped
+    model, venv, masked, directory, env_id = trained
+    env = gym.make(env_id, **ENV_KW[env_id]).unwrapped
     obs, _ = env.reset(seed=5)
     trace = env.sim.trace
     while True:
@@ -116,6 +118,7 @@ def test_simulator_with_export_matches_env_with_sb3(trained):
 def test_registry_loads_learned_directories(trained):
     policy = make_policy(f"learned:{trained[3]}")
     assert isinstance(policy, ExportedPolicy) and policy.name == f"learned:{trained[3]}"
+    assert policy.spec["env_id"] == trained[4]
 
 
 def test_loading_and_serving_need_neither_sb3_nor_pickle(trained):

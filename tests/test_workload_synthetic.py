@@ -41,4 +41,4 @@ def test_base_rate_overrides_the_fitted_rate(tmp_path):
 def test_synthetic_config_needs_no_data(tmp_path):
     w = load_workload("synthetic_azure_conv", data_root=tmp_path)
     tr = w.window("val", seed=3)
-    assert 800 < len(tr) < 1300 and tr.span_s == pytest.approx(180.0)
+    assert 800 < len(tr) < 1300 and tr.span_s == pytest.approx(w.spec.window_s / w.spec.rate_scale)

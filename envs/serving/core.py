@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,6 +197,9 @@ class ServingCore:
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
         self.view = View(self)
+        # Called after a request's KV blocks are released (finish or preemption), so an executor
+        # that holds physical blocks (the real engine) frees them at the same point; None: no one.
+        self.on_release: Callable[[Request], None] | None = None
         # Seconds per prefill token on an idle engine (LEAST_SLACK's estimate), from a 1k prompt.
         self.prefill_s_per_token = cost_model.prefill_time_alone(1024) / 1024
 
@@ -430,6 +434,8 @@ class ServingCore:
         kv.release(kv.blocks_for(kv_tokens) - len(req.prefix_units) * kv.unit_blocks)
         kv.release_units(req.prefix_units)
         req.prefix_units = []
+        if self.on_release is not None:
+            self.on_release(req)
 
     def _violate(self, req: Request) -> None:
         req.violated = True

@@ -1,0 +1,270 @@
+"""Replay a trace slice on the real engine in real time, and the same slice in the simulator.
+
+    python -m engine.replay                                    # conf/engine/cpu_replay.yaml as is
+    python -m engine.replay "policies=[sarathi_512,learned:PATH]" workload=azure_code seed=1 output_dir=DIR
+    python -m engine.replay config=conf/engine/my.yaml "backends=[engine,sim]"
+
+Options are :class:`ReplayConfig` fields, read from ``config`` (default ``conf/engine/cpu_replay.yaml``,
+which documents the CPU settings) and overridden by ``KEY=VALUE`` arguments.  Per policy and backend
+one results row with exactly the columns of ``evaluate.py`` (built by
+:func:`leaderboard.runs.result_row`), ``backend`` ``engine`` or ``sim``, so a real row and a
+simulated one sit side by side.  Writes under ``output_dir``: ``results.csv``, ``results.json``,
+``buckets.csv``, and ``iterations.csv`` (every iteration of every run: start, latency, batch, and for
+engine runs the cost model's prediction for the same batch).  ``python evaluate.py results=DIR/results.csv``
+renders the leaderboard from them.
+
+The trace: the workload's ``split`` window for ``seed`` at ``load_scale`` (as ``evaluate.py`` cuts
+it), then every prompt and output length divided by ``length_scale`` (rounded, at least 1 token)
+so a small model on a CPU serves it in minutes; the rows name it ``<workload>/len<length_scale>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+
+from chunkgym import REPO_ROOT, resolve_path
+from chunkgym.provenance import config_hash
+from engine.model import LlamaModel, build_model
+from engine.profile import Composition
+from engine.runner import ModelRunner
+from engine.serve import Engine, EngineResult
+from envs.serving.metrics import load_slo
+from envs.serving.setup import serving_config
+from envs.serving.simulator import SimResult
+from envs.serving.specs import load_hardware, load_model
+from envs.serving.workloads.trace import Trace
+from leaderboard.runs import RowResult, RunSpec, Setup, result_row
+from leaderboard.tables import write_csv, write_json
+from policies.registry import make_policy
+
+DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "cpu_replay.yaml"
+BACKENDS = ("engine", "sim")
+WARMUP = (
+    Composition("warm-up prefill", prefill_tokens=(256,), prefill_context=(0,)),
+    Composition("warm-up mixed", decode_contexts=(64,) * 8, prefill_tokens=(64,), prefill_context=(128,)),
+)
+"""Batches run before a replay so one-time allocations and kernel selection stay out of its timings."""
+
+
+@dataclass
+class ReplayConfig:
+    """One replay: which slice, which policies, which engine (see ``conf/engine/cpu_replay.yaml``)."""
+
+    policies: list[str] = field(default_factory=lambda: ["sarathi_512"])
+    backends: list[str] = field(default_factory=lambda: ["engine"])
+    workload: str = "azure_conv"
+    seed: int = 0  # the test window
+    load_scale: float = 1.0
+    window_s: float | None = None  # trace seconds; null: the workload's own
+    length_scale: float = 1.0  # prompt and output lengths divided by this
+    model: str = "engine_small"  # conf/model name: the engine's shapes and the simulator's
+    hardware: str = "cpu"  # conf/hardware name of the device the engine runs on
+    slo: str = "strict"
+    cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
+    # ServingConfig overrides; num_blocks sizes the engine's KV cache (the default fills memory).
+    serving: dict = field(default_factory=dict)
+    threads: int = 1  # torch threads
+    device: str = "cpu"
+    dtype: str | None = None  # null: float32 on CPU, bfloat16 on CUDA
+    weights_seed: int = 0
+    prompt_seed: int = 0
+    output_dir: str = "outputs/engine/replay"
+
+    def __post_init__(self) -> None:
+        bad = [b for b in self.backends if b not in BACKENDS]
+        if bad or not self.backends:
+            raise ValueError(
+                f"backends must be a non-empty list of {', '.join(BACKENDS)}, got {self.backends}"
+            )
+        if not (self.length_scale >= 1.0):
+            raise ValueError(
+                f"length_scale must be >= 1 (lengths are divided by it), got {self.length_scale}"
+            )
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        serving_config(dict(self.serving))  # unknown serving options fail here, before any run
+
+
+def load_config(argv: Sequence[str] = ()) -> ReplayConfig:
+    """The config file named by ``config=PATH`` (default :data:`DEFAULT_CONFIG`) with ``KEY=VALUE`` overrides."""
+    args = list(argv)
+    path = DEFAULT_CONFIG
+    for arg in args:
+        if arg.startswith("config="):
+            path = resolve_path(arg.split("=", 1)[1])
+    args = [a for a in args if not a.startswith("config=")]
+    if not path.is_file():
+        raise ValueError(f"replay config not found: {path}")
+    merged = OmegaConf.merge(
+        OmegaConf.structured(ReplayConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args)
+    )
+    return ReplayConfig(**OmegaConf.to_container(merged))
+
+
+# ---- the slice -----------------------------------------------------------------------------
+def scale_lengths(trace: Trace, factor: float) -> Trace:
+    """``trace`` with prompt and output lengths divided by ``factor`` (rounded, at least 1)."""
+    if factor == 1.0:
+        return trace
+
+    def shrink(lengths: np.ndarray) -> np.ndarray:
+        return np.maximum(1, np.rint(lengths / factor)).astype(np.int64)
+
+    return dataclasses.replace(
+        trace,
+        name=f"{trace.name}/len{factor:g}",
+        prompt_len=shrink(trace.prompt_len),
+        output_len=shrink(trace.output_len),
+    )
+
+
+def workload_label(conf: ReplayConfig) -> str:
+    return conf.workload if conf.length_scale == 1.0 else f"{conf.workload}/len{conf.length_scale:g}"
+
+
+def run_spec(conf: ReplayConfig, policy: str) -> RunSpec:
+    setup = Setup.create(conf.model, conf.hardware, 1, load_slo(conf.slo), conf.cost_model, conf.serving)
+    return RunSpec(policy, conf.workload, conf.load_scale, conf.seed, setup, conf.window_s)
+
+
+def replay_trace(conf: ReplayConfig) -> Trace:
+    """The slice both backends serve: the workload window, lengths divided by ``length_scale``."""
+    return scale_lengths(run_spec(conf, conf.policies[0]).trace(), conf.length_scale)
+
+
+# ---- the engine ----------------------------------------------------------------------------
+def build(conf: ReplayConfig) -> LlamaModel:
+    """The engine's model with seeded weights, on ``conf.threads`` torch threads."""
+    torch.set_num_threads(conf.threads)
+    dtype = getattr(torch, conf.dtype) if conf.dtype else None
+    return build_model(conf.model, seed=conf.weights_seed, dtype=dtype, device=conf.device)
+
+
+def warm_up(runner: ModelRunner) -> None:
+    """Run :data:`WARMUP` a few times on the runner's own cache (every slot is rewritten before use)."""
+    for comp in WARMUP:
+        items, blocks = comp.items(runner.cache.block_size, runner.model.config.vocab_size)
+        if blocks <= runner.cache.num_blocks:
+            for _ in range(3):
+                runner.execute(items)
+
+
+def run_engine(conf: ReplayConfig, policy: str, trace: Trace, model: LlamaModel) -> EngineResult:
+    """Serve ``trace`` with ``policy`` on ``model`` in real time."""
+    engine = Engine(trace, run_spec(conf, policy).setup.build(), model, seed=conf.prompt_seed)
+    warm_up(engine.runner)
+    gc.collect()
+    return engine.run(make_policy(policy))
+
+
+def run_sim(conf: ReplayConfig, policy: str, trace: Trace) -> SimResult:
+    return run_spec(conf, policy).setup.build().simulator(trace).run(make_policy(policy))
+
+
+def row(conf: ReplayConfig, policy: str, trace: Trace, result: SimResult, backend: str) -> RowResult:
+    """evaluate.py's columns for ``result``; the workload names the length scale, and the config hash
+    also covers the engine's settings."""
+    spec = run_spec(conf, policy)
+    out = result_row(spec, trace, result, backend)
+    label = workload_label(conf)
+    engine = {
+        k: getattr(conf, k)
+        for k in ("length_scale", "threads", "device", "dtype", "weights_seed", "prompt_seed")
+    }
+    out.row["workload"] = label
+    out.row["config_hash"] = config_hash(
+        {"run": out.row["config_hash"], "backend": backend, "engine": engine}
+    )
+    for bucket in out.buckets:
+        bucket["workload"] = label
+    return out
+
+
+def iteration_frame(policy: str, backend: str, iterations: dict[str, np.ndarray]) -> pd.DataFrame:
+    frame = pd.DataFrame(iterations)
+    frame.insert(0, "backend", backend)
+    frame.insert(0, "policy", policy)
+    return frame
+
+
+@dataclass
+class Replay:
+    """Every run of a replay: rows, per-iteration frames, and the raw results by (policy, backend)."""
+
+    rows: list[RowResult]
+    iterations: pd.DataFrame
+    results: dict[tuple[str, str], SimResult]
+
+
+def check(conf: ReplayConfig) -> Trace:
+    """Resolve every name (policies, workload, model, hardware, SLO) up front; the slice to replay."""
+    for name in conf.policies:
+        make_policy(name)
+    load_model(conf.model)
+    load_hardware(conf.hardware)
+    return replay_trace(conf)
+
+
+def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Replay:
+    """Run every policy on every backend over the same slice (engine runs in real time)."""
+    trace = check(conf)
+    rows, frames, results = [], [], {}
+    for policy in conf.policies:
+        for backend in conf.backends:
+            start = time.perf_counter()
+            if backend == "engine":
+                model = model or build(conf)
+                result = run_engine(conf, policy, trace, model).result
+            else:
+                result = run_sim(conf, policy, trace)
+            results[(policy, backend)] = result
+            rows.append(row(conf, policy, trace, result, backend))
+            frames.append(iteration_frame(policy, backend, result.iterations))
+            m = result.metrics
+            log(
+                f"{policy} [{backend}] {m['finished']}/{m['requests']} finished in "
+                f"{time.perf_counter() - start:.1f} s: TTFT p50 {m['ttft_p50_s']:.3f} s, p99 {m['ttft_p99_s']:.3f} s, "
+                f"TBT p99 {m['tbt_p99_s']:.4f} s, attainment {m['slo_attainment']:.3f}"
+            )
+    return Replay(rows, pd.concat(frames, ignore_index=True), results)
+
+
+def write(out: Replay, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    write_csv([r.row for r in out.rows], directory / "results.csv")
+    write_json([r.row for r in out.rows], directory / "results.json")
+    write_csv([b for r in out.rows for b in r.buckets], directory / "buckets.csv")
+    out.iterations.to_csv(directory / "iterations.csv", index=False)
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    try:
+        conf = load_config(sys.argv[1:] if argv is None else argv)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"python -m engine.replay: error: {exc}") from exc
+    directory = resolve_path(conf.output_dir)
+    print(
+        f"replaying {workload_label(conf)} seed {conf.seed} at load {conf.load_scale:g} -> {directory}",
+        flush=True,
+    )
+    out = replay(conf)
+    write(out, directory)
+    (directory / "config.json").write_text(json.dumps(dataclasses.asdict(conf), indent=1) + "\n")
+    print(f"wrote {len(out.rows)} rows to {directory / 'results.csv'}")
+    return directory
+
+
+if __name__ == "__main__":
+    main()
