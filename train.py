@@ -27,7 +27,7 @@ from stable_baselines3.common.callbacks import CallbackList
 
 from chunkgym.provenance import config_hash, git_commit
 from envs.serving.workload import Workload
-from policies import training
+from policies import imitation, training
 from policies.config import plain, register_configs, to_train_config
 from policies.export import write_export
 from policies.registry import make_policy
@@ -68,10 +68,20 @@ def main(dcfg: DictConfig) -> None:
     start_steps = model.num_timesteps
     if previous:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
+    elif cfg.algo.bc_steps:  # optional warm start: imitate a constant action first
+        level, rule = cfg.algo.bc_teacher
+        data = imitation.collect(venv, level, rule, cfg.algo.bc_steps, cfg.algo.gamma)
+        fit = imitation.clone(model, data, cfg.algo.bc_epochs, cfg.algo.batch_size, training.is_masked(cfg))
+        log.info(
+            "behaviour cloning of action %s on %d samples: %.1f%% agreement",
+            cfg.algo.bc_teacher,
+            fit["samples"],
+            100 * fit["agreement"],
+        )
 
     # ---- callbacks: val evaluation (best model kept), checkpoints, progress ------------------
     windows = training.ValWindows(cfg, workload, setup)
-    evaluate = training.Evaluator(windows, run_dir, cfg.env.id, training.is_masked(cfg))
+    evaluate = training.Evaluator(windows, run_dir, cfg.env.id, training.is_masked(cfg), cfg.eval.select_by)
     keep = cfg.checkpoint.keep
     callbacks = CallbackList(
         [
@@ -81,6 +91,9 @@ def main(dcfg: DictConfig) -> None:
             training.Every(cfg.checkpoint.every_steps, lambda m: training.save_checkpoint(m, run_dir, keep)),
         ]
     )
+
+    if cfg.algo.bc_steps and not previous:
+        evaluate(model)  # the warm-started policy competes for "best" too
 
     # ---- learn (algo.total_timesteps is the run's total, also when resuming) ------------------
     learn_started = time.perf_counter()

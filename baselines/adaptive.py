@@ -2,41 +2,69 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from envs.serving.scheduling import Plan, Policy, Rule, View, plan_budget, plan_latency
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
 
 
+def adaptive_level(view: View, levels: Sequence[int], rule: Rule, target_s: float) -> tuple[int, Plan]:
+    """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
+    within ``target_s``; its index and plan (the smallest level if none fits)."""
+    lo, hi = 0, len(levels) - 1
+    best = plan_budget(view, levels[0], rule)
+    if not view.queue:
+        return 0, best
+    while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
+        mid = (lo + hi + 1) // 2
+        plan = plan_budget(view, levels[mid], rule)
+        if plan_latency(view, plan) <= target_s:
+            lo, best = mid, plan
+        else:
+            hi = mid - 1
+    return lo, best
+
+
 class Adaptive(Policy):
-    """Per iteration, binary-search the budget levels for the largest whose plan the cost
-    model predicts to finish within ``target_fraction`` x the SLO's TPOT bound.
+    """Per iteration, the largest budget level whose plan the cost model predicts to finish
+    within ``target_fraction`` x the SLO's TPOT bound, allocated by ``rule``.
 
     Every token gap then stays near the target, while quiet periods get big, efficient
-    prefill chunks.  Needs the cost model, so it predicts with whatever model the
+    prefill chunks.  With ``spend_slack`` the target grows by the least TPOT slack any
+    stream still meeting its SLO has banked (``B * (tokens - 1) - elapsed``, see
+    :meth:`~envs.serving.core.DecodeGroup.min_tpot_slack`), capped by the stall bound:
+    an iteration of that length keeps every such stream's TPOT so far within bound.  Needs the cost model, so it predicts with whatever model the
     backend was calibrated with (the simulator's, or the engine's fitted profile).
     """
 
-    def __init__(self, target_fraction: float = 1.0, levels: tuple[int, ...] = BUDGET_LEVELS) -> None:
+    def __init__(
+        self,
+        target_fraction: float = 1.0,
+        rule: str = "fcfs",
+        spend_slack: bool = False,
+        levels: tuple[int, ...] = BUDGET_LEVELS,
+    ) -> None:
         if target_fraction <= 0:
             raise ValueError(f"target_fraction must be > 0, got {target_fraction}")
         self.target_fraction = target_fraction
+        self.rule = Rule[rule.upper()]
+        self.spend_slack = spend_slack
         self.levels = tuple(sorted(levels))
         self.name = "adaptive"
         self._target = 0.0
+        self._stall = 0.0
 
     def reset(self, core) -> None:
         self._target = self.target_fraction * core.slo.tpot_s
+        self._stall = core.slo.stall_s
+
+    def target_s(self, view: View) -> float:
+        """The latency the next iteration may take."""
+        if not self.spend_slack:
+            return self._target
+        slack = view.core.decode.min_tpot_slack()  # inf when no stream can still meet its SLO
+        return min(self._stall, self._target + max(0.0, slack))
 
     def plan(self, view: View) -> Plan:
-        lo, hi = 0, len(self.levels) - 1
-        best = plan_budget(view, self.levels[0], Rule.FCFS)
-        if not view.queue:
-            return best
-        while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
-            mid = (lo + hi + 1) // 2
-            plan = plan_budget(view, self.levels[mid], Rule.FCFS)
-            if plan_latency(view, plan) <= self._target:
-                lo, best = mid, plan
-            else:
-                hi = mid - 1
-        return best
+        return adaptive_level(view, self.levels, self.rule, self.target_s(view))[1]

@@ -149,7 +149,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         latency = sim.step(self.actions.plan(core.view, int(action[0]), int(action[1])))
         more = self._advance()
         self._steps += 1
-        score = core.n_good - core.n_bad
+        score = self._score_of(core)
         reward = (score - self._score) * self.reward_scale
         self._score = score
         n = len(core.requests)
@@ -186,3 +186,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _obs(self) -> np.ndarray:
         return self.features(self.sim.core.view)
+
+    @staticmethod
+    def _score_of(core) -> int:
+        """Cumulative reward (unscaled): requests known good minus requests known bad."""
+        return core.n_good - core.n_bad

@@ -17,8 +17,12 @@ Differences from v0 (which stays registered, unchanged):
   window, load): common random numbers across parallel envs, so the advantage of an
   action is not drowned by the difference between two arrival sequences.
 
-The reward is v0's: +1 per request finishing within its SLO, -1 per request the moment
-it is known to miss it, so the return is ``(2 * goodput * span - requests) * scale``.
+* **Reward, same sum, earlier signal.**  v0 pays +1 when a request finishes within its SLO
+  and -1 the moment one is known to miss it.  v1 pays the +1 as soon as the request's
+  first token meets its TTFT bound, and -2 if it later misses TPOT or stall (-1 if it
+  never met TTFT).  Every request still nets exactly +1 or -1, so the return is v0's,
+  ``(2 * goodput * span - requests) * scale``; but TTFT decisions, the ones the
+  allocation rule makes, are rewarded seconds earlier instead of at the end of decode.
 """
 
 from __future__ import annotations
@@ -79,6 +83,11 @@ class ChunkedPrefillEnvV1(ChunkedPrefillEnv):
 
     def _window_s(self, workload: Workload) -> float | None:
         return self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
+
+    @staticmethod
+    def _score_of(core) -> int:
+        """+1 per request credited at its first token, -1 per request known bad, -1 more if it was credited."""
+        return core.n_credited - core.n_uncredited - core.n_bad
 
     def _advance(self) -> bool:
         """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""

@@ -99,6 +99,11 @@ class AlgoConfig:
     activation: Activation = Activation.tanh
     normalize_reward: bool = True
     clip_obs: float = 10.0
+    # Behaviour-cloning warm start (policies/imitation.py): imitate the constant action
+    # bc_teacher = [budget level, rule] on bc_steps env steps before PPO; 0 steps = off.
+    bc_teacher: list[int] = field(default_factory=lambda: [5, 1])
+    bc_steps: int = 0
+    bc_epochs: int = 10
 
 
 @dataclass
@@ -112,6 +117,9 @@ class EvalConfig:
     load_scale: float = 2.0
     window_s: float | None = None  # None = the workload's window_s
     baseline: str = "sarathi_512"  # a conf/policy name, evaluated once per run on the same windows
+    workloads: list[str] = field(default_factory=list)  # more workloads whose val windows join the main one's
+    select_by: str = "goodput_rps"  # the mean kept as "best": goodput_rps or slo_attainment (scale-free
+    # across workloads whose rates differ 100x)
 
 
 @dataclass

@@ -200,15 +200,18 @@ class ValWindows:
 
     def __init__(self, cfg: TrainConfig, workload: Workload, setup: ServingSetup) -> None:
         e = cfg.eval
+        if e.select_by not in EVAL_METRICS:
+            raise ValueError(f"eval.select_by must be one of {EVAL_METRICS}, got {e.select_by!r}")
         self.setup = setup
         self.traces: list[Trace] = []
-        for seed in e.seeds:
-            trace = workload.window("val", seed, e.load_scale, e.window_s)
-            if not len(trace):
-                raise ValueError(
-                    f"val window of {workload.spec.name!r} for eval seed {seed} is empty; pick other eval.seeds"
-                )
-            self.traces.append(trace)
+        for w in [workload, *(Workload.from_name(name, cfg.data_root) for name in e.workloads)]:
+            for seed in e.seeds:
+                trace = w.window("val", seed, e.load_scale, e.window_s)
+                if not len(trace):
+                    raise ValueError(
+                        f"val window of {w.spec.name!r} for eval seed {seed} is empty; pick other eval.seeds"
+                    )
+                self.traces.append(trace)
 
     def evaluate(self, make_policy: Callable[[], Policy]) -> dict[str, float]:
         """Mean over the windows of each of :data:`EVAL_METRICS` (NaNs skipped)."""
@@ -234,8 +237,9 @@ def save_pair(model: OnPolicyAlgorithm, directory: Path) -> None:
 class Evaluator:
     """Evaluates the current policy on the val windows; keeps the best in ``run_dir/best``."""
 
-    def __init__(self, windows: ValWindows, run_dir: Path, env_id: str, masked: bool) -> None:
+    def __init__(self, windows: ValWindows, run_dir: Path, env_id: str, masked: bool, select_by: str) -> None:
         self.windows = windows
+        self.select_by = select_by
         self.run_dir = run_dir
         self.env_id = env_id
         self.masked = masked
@@ -245,7 +249,7 @@ class Evaluator:
         if self.history.is_file():  # a resumed run keeps its best
             rows = [json.loads(line) for line in self.history.read_text().splitlines() if line.strip()]
             if rows and (run_dir / BEST_DIR).is_dir():
-                self.best = max(rows, key=lambda r: r["goodput_rps"])
+                self.best = max(rows, key=lambda r: r[select_by])
                 self.last_timesteps = rows[-1]["timesteps"]
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
@@ -255,7 +259,8 @@ class Evaluator:
         with self.history.open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.last_timesteps = row["timesteps"]
-        improved = self.best is None or row["goodput_rps"] > self.best["goodput_rps"]
+        key = self.select_by
+        improved = self.best is None or row[key] > self.best[key]
         if improved:
             save_pair(model, self.run_dir / BEST_DIR)
             self.best = row
@@ -448,6 +453,8 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
         },
         "val_windows": {
             "split": "val",
+            "workloads": [cfg.workload.name, *cfg.eval.workloads],
+            "select_by": cfg.eval.select_by,
             "seeds": list(cfg.eval.seeds),
             "load_scale": cfg.eval.load_scale,
             "window_s": cfg.eval.window_s if cfg.eval.window_s is not None else cfg.workload.window_s,

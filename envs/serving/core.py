@@ -186,6 +186,8 @@ class ServingCore:
         self.token_times: dict[int, np.ndarray] = {}
         self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
         self.n_bad = 0  # requests known to miss it (as soon as it is known)
+        self.n_credited = 0  # requests whose first token met TTFT while still in the running
+        self.n_uncredited = 0  # of those, the ones later found to miss their SLO
         self.n_running_prefill = 0  # queued requests holding a batch slot
         self.preemptions = 0
         self._preempt_seq = 0
@@ -410,8 +412,12 @@ class ServingCore:
         req.running = False
         req.emissions.append(t)
         req.generated += 1
-        if req.generated == 1 and not req.violated and t - req.arrival > req.ttft_bound:
-            self._violate(req)
+        if req.generated == 1 and not req.violated:
+            if t - req.arrival > req.ttft_bound:
+                self._violate(req)
+            else:
+                req.credited = True
+                self.n_credited += 1
         if req.generated >= req.output_len:
             self.finish(req, req.computed)
         else:
@@ -440,6 +446,7 @@ class ServingCore:
     def _violate(self, req: Request) -> None:
         req.violated = True
         self.n_bad += 1
+        self.n_uncredited += req.credited
         if req.status is Status.DECODING:
             self.decode.n_doomed += 1
 

@@ -45,6 +45,7 @@ class Request:
         "ttft_bound",
         "deadline",
         "violated",
+        "credited",
         "first_scheduled",
         "emissions",
         "decode_join",
@@ -78,6 +79,7 @@ class Request:
         self.ttft_bound = 0.0
         self.deadline = 0.0  # arrival + ttft_bound
         self.violated = False  # SLO already known to be missed
+        self.credited = False  # its first token met the TTFT bound (and it was not yet known to miss)
         self.first_scheduled = -1.0
         # Emitted token times, as pieces: a float (a token at that time) or a
         # (start, stop) range of decode-clock indices (one token per decode iteration).

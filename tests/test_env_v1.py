@@ -1,0 +1,63 @@
+"""chunkgym/ChunkedPrefill-v1: decision-level steps, the earlier-credit reward, common inputs."""
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import envs
+from envs.actions import NUM_LEVELS
+from envs.chunked_prefill_v1 import ChunkedPrefillEnvV1
+from envs.features import FEATURE_NAMES_V1
+
+KW = dict(workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=20.0, load_scale=2.0)
+
+
+def _rollout(env, seed):
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    total, trunc, info = 0.0, False, {}
+    while not trunc:
+        m = env.action_masks()
+        a = (rng.choice(np.flatnonzero(m[:NUM_LEVELS])), rng.choice(np.flatnonzero(m[NUM_LEVELS:])))
+        obs, r, term, trunc, info = env.step(np.array(a))
+        assert not term and env.observation_space.contains(obs)
+        total += r
+    return total, info
+
+
+def test_registered_with_its_spaces_and_passes_both_checkers():
+    env = gym.make(envs.ENV_ID_V1, **KW)
+    assert env.action_space.nvec.tolist() == [9, 4]
+    assert env.observation_space.shape == (len(FEATURE_NAMES_V1),)
+    check_env(env.unwrapped, skip_render_check=True)
+    sb3_check_env(env.unwrapped, warn=True)
+
+
+def test_every_step_is_a_decision():
+    env = ChunkedPrefillEnvV1(**KW)
+    env.reset(seed=0)
+    for _ in range(300):
+        assert env.sim.core.queue, "a step was offered with nothing to decide"
+        if env.step(np.array([3, 1]))[3]:
+            break
+
+
+def test_return_is_good_minus_bad_although_credit_comes_at_the_first_token():
+    env = ChunkedPrefillEnvV1(**KW)
+    for seed in range(3):
+        total, info = _rollout(env, seed)
+        assert info["good"] + info["bad"] == info["requests"]
+        assert total == info["good"] - info["bad"]
+
+
+def test_common_inputs_replay_the_same_episode_sequence_across_envs():
+    kw = {**KW, "workloads": ["synthetic_azure_conv", "synthetic_azure_conv"], "load_scale": (1.0, 3.0)}
+    a, b = ChunkedPrefillEnvV1(input_seed=5, **kw), ChunkedPrefillEnvV1(input_seed=5, **kw)
+    c = ChunkedPrefillEnvV1(**kw)
+    a.reset(seed=1), b.reset(seed=2), c.reset(seed=1)
+    for _ in range(3):
+        assert a.load == b.load
+        np.testing.assert_array_equal(a.sim.trace.arrival_s, b.sim.trace.arrival_s)
+        a.reset(), b.reset()
+    assert a.load != c.load or not np.array_equal(a.sim.trace.arrival_s, c.sim.trace.arrival_s)
