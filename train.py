@@ -69,12 +69,12 @@ def main(dcfg: DictConfig) -> None:
     if previous:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
     elif cfg.algo.bc_steps:  # optional warm start: imitate a constant action first
-        level, rule = cfg.algo.bc_teacher
-        data = imitation.collect(venv, level, rule, cfg.algo.bc_steps, cfg.algo.gamma)
-        fit = imitation.clone(model, data, cfg.algo.bc_epochs, cfg.algo.batch_size, training.is_masked(cfg))
+        a = cfg.algo
+        data = imitation.collect(venv, a.bc_teacher, *a.bc_action, a.bc_steps, a.gamma)
+        fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, training.is_masked(cfg))
         log.info(
-            "behaviour cloning of action %s on %d samples: %.1f%% agreement",
-            cfg.algo.bc_teacher,
+            "behaviour cloning (%s) on %d samples: %.1f%% agreement",
+            a.bc_teacher,
             fit["samples"],
             100 * fit["agreement"],
         )

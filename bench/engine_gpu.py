@@ -1,6 +1,6 @@
 """The engine on one GPU: profile, fit, and replay one slice on the engine and in the simulator.
 
-    python bench/engine_gpu.py                       # conf/engine/gpu_replay.yaml: Llama-3.2-1B shapes, bf16, cuda
+    python bench/engine_gpu.py              # conf/engine/gpu_replay.yaml: Llama-3.2-1B shapes, bf16, cuda
     python bench/engine_gpu.py --out DIR hardware=h100_80gb "policies=[sarathi_512,fcfs]" model=llama3_8b
     python bench/engine_gpu.py --dry-run             # print the resolved config and exit (no GPU needed)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import chunkgym
 from envs.serving.metrics import capacity_search
-from envs.serving.scheduling import RULE_NAMES, Rule, plan_budget
+from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload, workload_names
 from policies.oracle import DEFAULT_BUDGETS, DEFAULT_RULES, oracle_run
@@ -43,7 +43,9 @@ def attainment(setup, workload, seed, scale, budget, rule) -> float:
 def main() -> None:
     chunkgym.require_own_packages()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")])
+    ap.add_argument(
+        "--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")]
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--no-oracle", action="store_true")
     ap.add_argument("--period-s", type=float, default=4.0)
@@ -62,21 +64,29 @@ def main() -> None:
                     if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
                         continue
                     res = capacity_search(
-                        lambda s, b=budget, r=rule: attainment(setup, workload, seed, s, b, r) >= 0.9,
+                        lambda s, w=workload, k=seed, b=budget, r=rule: (
+                            attainment(setup, w, k, s, b, r) >= 0.9
+                        ),
                         rel_tol=args.rel_tol,
                     )
                     caps[(budget, rule)] = res.scale
             sarathi = max((c, b) for (b, r), c in caps.items() if r == Rule.FCFS)
             constant = max((c, b, int(r)) for (b, r), c in caps.items())
-            entry = {"sarathi": sarathi[0], "sarathi_budget": sarathi[1], "constant": constant[0],
-                     "constant_action": [constant[1], RULE_NAMES[constant[2]]]}
+            entry = {
+                "sarathi": sarathi[0],
+                "sarathi_budget": sarathi[1],
+                "constant": constant[0],
+                "constant_action": [constant[1], RULE_NAMES[constant[2]]],
+            }
             if not args.no_oracle:
                 base = (constant[1], Rule(constant[2]))
                 start = time.perf_counter()
 
-                def oracle_passes(scale: float) -> bool:
+                def oracle_passes(scale: float, workload=workload, seed=seed, base=base) -> bool:
                     sim = setup.simulator(workload.window("val", seed, scale))
-                    result, _ = oracle_run(sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s)
+                    result, _ = oracle_run(
+                        sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s
+                    )
                     return result.metrics["slo_attainment"] >= 0.9
 
                 res = capacity_search(oracle_passes, start=constant[0], rel_tol=args.rel_tol)
@@ -85,12 +95,17 @@ def main() -> None:
             row[seed] = entry
             print(f"{name:18s} seed {seed}: " + json.dumps(entry), flush=True)
         keys = ("sarathi", "constant", "oracle")
-        summary = {k: float(np.mean([row[s][k] for s in args.seeds])) for k in keys if k in row[args.seeds[0]]}
+        summary = {
+            k: float(np.mean([row[s][k] for s in args.seeds])) for k in keys if k in row[args.seeds[0]]
+        }
         summary["constant_over_sarathi"] = summary["constant"] / summary["sarathi"]
         if "oracle" in summary:
             summary["oracle_over_sarathi"] = summary["oracle"] / summary["sarathi"]
         report[name] = {"per_seed": row, **summary}
-        print(f"{name:18s} capacity (load scale): " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()), flush=True)
+        print(
+            f"{name:18s} capacity (load scale): " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()),
+            flush=True,
+        )
     print(json.dumps(report))
 
 

@@ -31,7 +31,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=0.6)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")])
+    ap.add_argument(
+        "--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")]
+    )
     args = ap.parse_args()
     setup = ServingSetup.from_names()
     out = {}
@@ -45,7 +47,9 @@ def main() -> None:
         cap = float(np.mean(caps))
         suggested = float(f"{args.fraction * cap:.2g}")
         out[name] = {"capacity_native_multiple": cap, "per_seed": caps, "rate_scale": suggested}
-        print(f"{name:18s} capacity {cap:7.3f}x native (seeds {', '.join(f'{c:.3f}' for c in caps)}) -> rate_scale {suggested}")
+        print(
+            f"{name:18s} capacity {cap:7.3f}x native (seeds {', '.join(f'{c:.3f}' for c in caps)}) -> rate_scale {suggested}"
+        )
     print(json.dumps(out))
 
 

@@ -1,6 +1,7 @@
 """Profile the real engine on this machine and fit the simulator's cost model to it.
 
-    python -m engine.calibrate --model engine_small --hardware cpu --threads 1   # -> conf/cost/cpu__engine_small__tp1.yaml
+    python -m engine.calibrate         # conf/engine/cpu_replay.yaml -> conf/cost/cpu__engine_small__tp1.yaml
+    python -m engine.calibrate config=conf/engine/gpu_replay.yaml hardware=h200 --out-dir DIR
 
 Times :meth:`engine.runner.ModelRunner.execute` over a grid of batch compositions (decode-only at
 several batch sizes and contexts, prefill chunks at several sizes and contexts, several prompts at
@@ -20,15 +21,20 @@ counts) and chunks of ``q`` queries over ``c`` cached tokens::
                        + pair * sum q (c + (q + 1) / 2) + chunk * chunks + dec_tok * C + dec_seq * n )
 
 A host-side floor and the LM head's separate terms are left at zero: on a CPU the host is the
-device, and the head is folded into the per-token and per-sequence terms and the one step.  The scheduler's own per-iteration work (policy, core,
-batch building: ~0.1 ms on the dev VM) is not in these timings.
+device, and the head is folded into the per-token and per-sequence terms and the one step.  The
+scheduler's own per-iteration work (policy, core, batch building: ~0.1 ms on the dev VM), which the
+profile's forward passes leave out, is measured in a 10-second real-time replay of another window
+and added to ``iter_fixed`` (:func:`calibrate`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
+import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +47,9 @@ from scipy.optimize import nnls
 from calibration.files import cost_file_mapping
 from calibration.fit import holdout_mask, mape
 from calibration.pipeline import CostFile
+from engine.model import LlamaModel
 from engine.profile import Composition, Measurement, measure
+from engine.replay import ReplayConfig, build, check, load_config, scheduler_overhead
 from envs.serving.cost_model import COST_DIR, CostParams, RooflineCostModel, cost_file_name
 from envs.serving.specs import load_model
 
@@ -61,7 +69,7 @@ TERMS = ("const", "tokens", "above_knee", "pairs", "chunks", "decode_kv", "decod
 )
 HEADER = (
     "# Cost-model coefficients of the real engine, measured on the machine named in `source`.\n"
-    "# Written by `python -m engine.calibrate` (or bench/sim_to_real.py); do not edit by hand. Times in seconds.\n"
+    "# Written by `python -m engine.calibrate` (or bench/sim_to_real.py); do not edit. Times in seconds.\n"
 )
 
 
@@ -210,17 +218,19 @@ def fit(samples: Sequence[Sample], num_layers: int, seed: int = 0) -> Fit:
 def profile(
     model: str,
     threads: int,
-    repeats: int = 7,
-    warmup: int = 2,
+    repeats: int = 5,
+    warmup: int = 1,
     seed: int = 0,
     device: str = "cpu",
     dtype: str | None = None,
     block_size: int = 16,
     grid: Sequence[Composition] | None = None,
+    settle: int = 1,
 ) -> list[Sample]:
     """Time the grid on ``model`` (a preset or ``conf/model`` name) with ``threads`` torch threads.
 
     ``dtype`` names a torch dtype; ``None`` is the engine's default (float32 on CPU, bfloat16 on CUDA).
+    Each timed run follows ``settle`` untimed runs of the same batch (:func:`engine.profile.measure`).
     """
     torch.set_num_threads(threads)
     measured = measure(
@@ -232,31 +242,56 @@ def profile(
         block_size=block_size,
         repeats=repeats,
         warmup=warmup,
+        settle=settle,
     )
     return [Sample.of(m) for m in measured]
 
 
 def machine(device: str, threads: int) -> str:
-    """Where a profile was measured, for the coefficient file's ``source``."""
+    """Where a profile was measured, for the coefficient file's ``source`` (CPU: with the load average)."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    return f"{cpu} ({os.cpu_count()} CPUs, {threads} torch threads), torch {torch.__version__}"
+    load = os.getloadavg()[0]
+    return (
+        f"{_cpu_name()} ({os.cpu_count()} CPUs, {threads} torch threads, 1-min load average {load:.1f}), "
+        f"torch {torch.__version__}"
+    )
 
 
-def cost_file(hardware: str, model: str, result: Fit, where: str) -> CostFile:
-    """The coefficient file's content for ``result`` measured ``where``."""
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def with_overhead(params: CostParams, seconds: float) -> CostParams:
+    """``params`` with ``seconds`` of the engine's own scheduling work added to every iteration."""
+    return dataclasses.replace(params, iter_fixed_s=params.iter_fixed_s + seconds)
+
+
+def cost_file(hardware: str, model: str, result: Fit, where: str, overhead_s: float = 0.0) -> CostFile:
+    """The coefficient file's content for ``result`` measured ``where``, plus ``overhead_s`` per iteration."""
     source = (
         f"measured: engine/runner.py on {where}, {result.points} batch compositions (median of repeats), "
         "whole-iteration fit by engine/calibrate.py"
+        + (
+            f", plus {overhead_s * 1e3:.3f} ms per iteration of scheduler work, timed in a replay"
+            if overhead_s
+            else ""
+        )
     )
     metrics = {
         "in_sample_mape": result.in_sample_mape,
         "heldout_mape": result.heldout_mape,
         "points": result.points,
         "heldout_points": result.heldout_points,
+        "scheduler_overhead_s": overhead_s,
     }
-    return CostFile(hardware, model, 1, False, source, result.params, metrics)
+    return CostFile(hardware, model, 1, False, source, with_overhead(result.params, overhead_s), metrics)
 
 
 def write(file: CostFile, out_dir: str | Path = COST_DIR) -> Path:
@@ -269,29 +304,73 @@ def write(file: CostFile, out_dir: str | Path = COST_DIR) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """What :func:`calibrate` measured and wrote."""
+
+    path: Path
+    fit: Fit
+    overhead_s: float
+    where: str
+    seconds: float
+
+
+def calibrate(
+    conf: ReplayConfig,
+    out_dir: str | Path = COST_DIR,
+    repeats: int = 5,
+    warmup: int = 1,
+    model: LlamaModel | None = None,
+) -> Calibrated:
+    """Profile ``conf``'s model on its device and threads, fit, and write the coefficient file.
+
+    The engine's own work per iteration (policy, core, batch building), which the profile's forward
+    passes leave out, is measured in a short real-time replay of another window of ``conf``'s
+    workload (:func:`engine.replay.scheduler_overhead`) and added to the fixed term.
+    """
+    start = time.perf_counter()
+    samples = profile(
+        conf.model,
+        conf.threads,
+        repeats,
+        warmup,
+        seed=conf.weights_seed,
+        device=conf.device,
+        dtype=conf.dtype,
+    )
+    result = fit(samples, load_model(conf.model).num_layers)
+    where = machine(conf.device, conf.threads)
+    with tempfile.TemporaryDirectory() as tmp:  # its own path: setups are cached by cost-model path
+        fitted = write(cost_file(conf.hardware, conf.model, result, where), tmp)
+        overhead = scheduler_overhead(dataclasses.replace(conf, cost_model=str(fitted)), model or build(conf))
+    path = write(cost_file(conf.hardware, conf.model, result, where, overhead), out_dir)
+    return Calibrated(path, result, overhead, where, time.perf_counter() - start)
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m engine.calibrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="engine_small", help="conf/model name the engine runs")
-    parser.add_argument("--hardware", default="cpu", help="conf/hardware name of this device")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadiest on a shared VM)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--dtype", default=None, help="torch dtype; default float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per composition (median)")
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out-dir", default=str(COST_DIR))
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="the replay config naming model, hardware, device, threads and the scheduler timing: "
+        "config=PATH (default conf/engine/cpu_replay.yaml) and KEY=VALUE",
+    )
     args = parser.parse_args(argv)
-    spec = load_model(args.model)
-    samples = profile(
-        args.model, args.threads, args.repeats, args.warmup, device=args.device, dtype=args.dtype
-    )
-    result = fit(samples, spec.num_layers)
-    where = machine(args.device, args.threads)
-    path = write(cost_file(args.hardware, args.model, result, where), args.out_dir)
+    try:
+        conf = load_config(args.overrides)
+        check(conf)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"python -m engine.calibrate: error: {exc}") from exc
+    done = calibrate(conf, args.out_dir, args.repeats, args.warmup)
     print(
-        f"{len(samples)} compositions on {where}: in-sample MAPE {result.in_sample_mape:.3f}, "
-        f"held-out {result.heldout_mape:.3f}; wrote {path}"
+        f"{done.fit.points} compositions on {done.where}: in-sample MAPE {done.fit.in_sample_mape:.3f}, "
+        f"held-out {done.fit.heldout_mape:.3f}; scheduler {done.overhead_s * 1e3:.3f} ms per iteration; "
+        f"wrote {done.path} in {done.seconds:.0f} s"
     )
-    return path
+    return done.path
 
 
 if __name__ == "__main__":

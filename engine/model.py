@@ -250,6 +250,21 @@ class LlamaModel(nn.Module):
         out = self.lm_head(hidden)
         return out.float() if out.element_size() < 4 else out
 
+    def greedy(self, hidden: Tensor) -> list[int]:
+        """The argmax token of each row of ``hidden`` (ties to the lowest id): :meth:`logits`' argmax.
+
+        Computed as ``head @ hidden.T`` over at least two columns.  On CPU BLAS the usual
+        ``hidden @ head.T`` of 2-3 rows ran as that many matrix-vector products, each reading the
+        whole head (16 MB for ``small``: 3 rows 5.3 ms, 4 rows 2.9 ms), and one row as a
+        matrix-vector product took 1.7 ms; this layout took 0.8 ms for 1-2 rows and 1.1 ms for 4
+        (dev VM, one thread), so the head's cost grows smoothly with the rows, as the cost model
+        assumes.  On CUDA both layouts are one GEMM.
+        """
+        n = hidden.shape[0]
+        columns = hidden if n > 1 else hidden.repeat(2, 1)
+        scores = self.lm_head.weight @ columns.T  # [vocab, columns]
+        return scores[:, :n].float().argmax(dim=0).tolist()
+
     def reference_logits(self, token_ids: Tensor) -> Tensor:
         """Logits at every position of one sequence by a plain causal forward, no cache."""
         positions = torch.arange(token_ids.shape[0], device=token_ids.device)

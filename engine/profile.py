@@ -112,11 +112,15 @@ def measure(
     block_size: int = 16,
     repeats: int = 5,
     warmup: int = 2,
+    settle: int = 0,
 ) -> list[Measurement]:
     """Time each composition ``repeats`` times after ``warmup`` runs, each on a cache sized for it.
 
     Repeats go round-robin over the compositions, so a burst of load from other
     processes on a shared machine slows one repeat of each rather than all of one.
+    ``settle`` untimed runs of the same batch precede each timed one, so it starts from
+    the caches its own kind of iteration leaves (as in a replay, where a decode mostly
+    follows a decode) rather than those of the previous, different composition.
     """
     model = build_model(model, seed=seed, dtype=dtype, device=device)
     setups = []
@@ -127,6 +131,8 @@ def measure(
     seconds: list[list[float]] = [[] for _ in setups]
     for r in range(warmup + repeats):
         for (runner, items), times in zip(setups, seconds, strict=True):
+            for _ in range(settle):
+                runner.execute(items)
             t0 = time.perf_counter()
             runner.execute(items)  # returns Python ints, so CUDA work has finished too
             if r >= warmup:

@@ -33,13 +33,14 @@ import numpy as np
 import pandas as pd
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
 from engine.profile import Composition
 from engine.runner import ModelRunner
-from engine.serve import Engine, EngineResult
+from engine.serve import IDLE_MODES, Engine, EngineResult, WallClock
 from envs.serving.metrics import load_slo
 from envs.serving.setup import serving_config
 from envs.serving.simulator import SimResult
@@ -56,6 +57,8 @@ WARMUP = (
     Composition("warm-up mixed", decode_contexts=(64,) * 8, prefill_tokens=(64,), prefill_context=(128,)),
 )
 """Batches run before a replay so one-time allocations and kernel selection stay out of its timings."""
+OVERHEAD_SPAN_S = 10.0
+"""Seconds of real-time replay that measure the scheduler's own work per iteration."""
 
 
 @dataclass
@@ -76,6 +79,7 @@ class ReplayConfig:
     # ServingConfig overrides; num_blocks sizes the engine's KV cache (the default fills memory).
     serving: dict = field(default_factory=dict)
     threads: int = 1  # torch threads
+    idle: str = "sleep"  # an idle engine sleeps or spins (holds its core) until the next arrival
     device: str = "cpu"
     dtype: str | None = None  # null: float32 on CPU, bfloat16 on CUDA
     weights_seed: int = 0
@@ -94,11 +98,13 @@ class ReplayConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.idle not in IDLE_MODES:
+            raise ValueError(f"idle must be one of {', '.join(IDLE_MODES)}, got {self.idle!r}")
         serving_config(dict(self.serving))  # unknown serving options fail here, before any run
 
 
 def load_config(argv: Sequence[str] = ()) -> ReplayConfig:
-    """The config file named by ``config=PATH`` (default :data:`DEFAULT_CONFIG`) with ``KEY=VALUE`` overrides."""
+    """The file named by ``config=PATH`` (default :data:`DEFAULT_CONFIG`) with ``KEY=VALUE`` overrides."""
     args = list(argv)
     path = DEFAULT_CONFIG
     for arg in args:
@@ -107,9 +113,13 @@ def load_config(argv: Sequence[str] = ()) -> ReplayConfig:
     args = [a for a in args if not a.startswith("config=")]
     if not path.is_file():
         raise ValueError(f"replay config not found: {path}")
-    merged = OmegaConf.merge(
-        OmegaConf.structured(ReplayConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args)
-    )
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(ReplayConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args)
+        )
+    except OmegaConfBaseException as exc:  # unknown key or wrong type: the message names it
+        key = getattr(exc, "full_key", None)
+        raise ValueError(f"{path}: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") from exc
     return ReplayConfig(**OmegaConf.to_container(merged))
 
 
@@ -146,8 +156,7 @@ def replay_trace(conf: ReplayConfig) -> Trace:
 
 # ---- the engine ----------------------------------------------------------------------------
 def build(conf: ReplayConfig) -> LlamaModel:
-    """The engine's model with seeded weights, on ``conf.threads`` torch threads."""
-    torch.set_num_threads(conf.threads)
+    """The engine's model with seeded weights."""
     dtype = getattr(torch, conf.dtype) if conf.dtype else None
     return build_model(conf.model, seed=conf.weights_seed, dtype=dtype, device=conf.device)
 
@@ -162,11 +171,44 @@ def warm_up(runner: ModelRunner) -> None:
 
 
 def run_engine(conf: ReplayConfig, policy: str, trace: Trace, model: LlamaModel) -> EngineResult:
-    """Serve ``trace`` with ``policy`` on ``model`` in real time."""
-    engine = Engine(trace, run_spec(conf, policy).setup.build(), model, seed=conf.prompt_seed)
+    """Serve ``trace`` with ``policy`` on ``model`` in real time, on ``conf.threads`` torch threads."""
+    torch.set_num_threads(conf.threads)
+    setup = run_spec(conf, policy).setup.build()
+    engine = Engine(trace, setup, model, seed=conf.prompt_seed, clock=WallClock(conf.idle))
     warm_up(engine.runner)
     gc.collect()
     return engine.run(make_policy(policy))
+
+
+def scheduler_overhead(conf: ReplayConfig, model: LlamaModel, span_s: float = OVERHEAD_SPAN_S) -> float:
+    """Seconds per iteration the engine spends outside the forward pass: policy, core, batch building.
+
+    The profile times forward passes alone.  This is the median of latency minus forward-pass time
+    over a real-time replay of the first ``span_s`` seconds of another window (seed + 1, so the
+    measured slice stays unseen) with the first policy; 0 if nothing arrives in that time.
+    """
+    other = dataclasses.replace(conf, seed=conf.seed + 1)
+    trace = head(replay_trace(other), span_s)
+    if not len(trace):
+        return 0.0
+    it = run_engine(other, conf.policies[0], trace, model).result.iterations
+    return float(np.median(it["latency"] - it["execute"]))
+
+
+def head(trace: Trace, span_s: float) -> Trace:
+    """The requests of ``trace`` arriving in its first ``span_s`` seconds."""
+    keep = trace.arrival_s < span_s
+    hashes = (
+        None if trace.hash_ids is None else tuple(h for h, k in zip(trace.hash_ids, keep, strict=True) if k)
+    )
+    return dataclasses.replace(
+        trace,
+        arrival_s=trace.arrival_s[keep],
+        prompt_len=trace.prompt_len[keep],
+        output_len=trace.output_len[keep],
+        hash_ids=hashes,
+        span_s=min(span_s, trace.span_s),
+    )
 
 
 def run_sim(conf: ReplayConfig, policy: str, trace: Trace) -> SimResult:
@@ -181,7 +223,7 @@ def row(conf: ReplayConfig, policy: str, trace: Trace, result: SimResult, backen
     label = workload_label(conf)
     engine = {
         k: getattr(conf, k)
-        for k in ("length_scale", "threads", "device", "dtype", "weights_seed", "prompt_seed")
+        for k in ("length_scale", "threads", "idle", "device", "dtype", "weights_seed", "prompt_seed")
     }
     out.row["workload"] = label
     out.row["config_hash"] = config_hash(
@@ -235,7 +277,8 @@ def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Re
             m = result.metrics
             log(
                 f"{policy} [{backend}] {m['finished']}/{m['requests']} finished in "
-                f"{time.perf_counter() - start:.1f} s: TTFT p50 {m['ttft_p50_s']:.3f} s, p99 {m['ttft_p99_s']:.3f} s, "
+                f"{time.perf_counter() - start:.1f} s: TTFT p50 {m['ttft_p50_s']:.3f} s, "
+                f"p99 {m['ttft_p99_s']:.3f} s, "
                 f"TBT p99 {m['tbt_p99_s']:.4f} s, attainment {m['slo_attainment']:.3f}"
             )
     return Replay(rows, pd.concat(frames, ignore_index=True), results)

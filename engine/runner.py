@@ -43,13 +43,6 @@ class BatchItem:
     sample: bool = True
 
 
-HEAD_MIN_ROWS = 4
-"""The LM head scores 2 or 3 rows as 4: CPU BLAS computes a GEMM of 2 or 3 rows as that many
-matrix-vector products, each reading the whole head (16 MB for ``small``), so 3 rows took 3x one
-row and longer than 4 (measured on the dev VM, one thread).  Padding makes the head's cost grow
-with the batch, as the cost model's form assumes; one row keeps the cheaper vector product."""
-
-
 class ModelRunner:
     """Runs iterations of ``model`` over ``cache``; stateless between calls."""
 
@@ -73,12 +66,9 @@ class ModelRunner:
         picked = [i for i, item in enumerate(items) if item.sample]
         tokens: list[int | None] = [None] * len(items)
         if picked:
-            last = [rows[i].stop - 1 for i in picked]
-            if 1 < len(last) < HEAD_MIN_ROWS:  # pad with copies of a row; their logits are dropped
-                last += [last[0]] * (HEAD_MIN_ROWS - len(last))
-            index = torch.tensor(last, device=self.device)
-            best = self.model.logits(hidden[index]).argmax(dim=-1).tolist()
-            for i, token in zip(picked, best, strict=False):
+            last = torch.tensor([rows[i].stop - 1 for i in picked], device=self.device)
+            best = self.model.greedy(hidden[last])
+            for i, token in zip(picked, best, strict=True):
                 tokens[i] = token
         return tokens
 

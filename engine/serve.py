@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +35,7 @@ import numpy as np
 from engine.kv_cache import BlockManager, KVCache
 from engine.model import LlamaModel
 from engine.runner import BatchItem, ModelRunner
-from envs.serving.core import Batch
+from envs.serving.core import Batch, ServingCore
 from envs.serving.request import Request
 from envs.serving.scheduling import Plan, Policy
 from envs.serving.setup import ServingSetup
@@ -60,10 +60,22 @@ class Clock(Protocol):
     def sleep_until(self, t: float) -> None: ...
 
 
-class WallClock:
-    """``time.perf_counter`` from :meth:`start`; sleeps really sleep."""
+IDLE_MODES = ("sleep", "spin")
 
-    def __init__(self) -> None:
+
+class WallClock:
+    """``time.perf_counter`` from :meth:`start`; an idle engine sleeps or spins until its next arrival.
+
+    ``idle="spin"`` busy-waits, holding the core.  On a shared VM a process that sleeps loses its
+    core to others, and its next iteration (always a prefill) then ran ~25% slower than back to back
+    (dev VM, one thread, under load); spinning keeps the conditions the profile was measured in, at
+    the price of one busy core for the replay.
+    """
+
+    def __init__(self, idle: str = "sleep") -> None:
+        if idle not in IDLE_MODES:
+            raise ValueError(f"idle must be one of {', '.join(IDLE_MODES)}, got {idle!r}")
+        self.spin = idle == "spin"
         self._t0 = time.perf_counter()
 
     def start(self) -> None:
@@ -73,9 +85,57 @@ class WallClock:
         return time.perf_counter() - self._t0
 
     def sleep_until(self, t: float) -> None:
+        if self.spin:
+            while self.now() < t:
+                pass
+            return
         delay = t - self.now()
         if delay > 0:
             time.sleep(delay)
+
+
+class VirtualClock:
+    """Time that moves only when a :class:`PacedRunner` or a sleep moves it (dry runs, tests)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def start(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+class PacedRunner:
+    """Stands in for an engine's runner: each batch takes the cost model's latency on a virtual clock.
+
+    With ``inner`` (the engine's real runner) the model still computes every token; without, every
+    sampled token is 0 and no forward pass runs (a dry run of the scheduler alone).  Decodes are
+    told from one-token prefill chunks by the core's decode group, and the latency is recomputed
+    from the items alone, so a paced run also checks the batches the engine builds.
+    """
+
+    def __init__(self, core: ServingCore, clock: VirtualClock, inner: ModelRunner | None = None) -> None:
+        self.core, self.clock, self.inner = core, clock, inner
+
+    def execute(self, items: Sequence[BatchItem]) -> list[int | None]:
+        members = self.core.decode.members
+        is_decode = [len(i.token_ids) == 1 and i.seq_id in members for i in items]
+        decodes = [i for i, d in zip(items, is_decode, strict=True) if d]
+        chunks = [i for i, d in zip(items, is_decode, strict=True) if not d]
+        latency = self.core.cost_model.iteration_time(
+            len(decodes),
+            sum(i.start + 1 for i in decodes),
+            [len(i.token_ids) for i in chunks],
+            [i.start for i in chunks],
+        )
+        tokens = self.inner.execute(items) if self.inner else [0 if i.sample else None for i in items]
+        self.clock.t += latency
+        return tokens
 
 
 def prompt_tokens(seed: int, rid: int, length: int, vocab_size: int) -> list[int]:
@@ -103,7 +163,8 @@ class Engine:
         model: the decoder; the engine gives it a KV cache of exactly the core's block count and
             size (``setup.config.num_blocks``: size it explicitly, the default fills device memory).
         seed: draws the synthetic prompts.
-        clock: :class:`WallClock` for real replays; tests may pass a virtual one.
+        clock: :class:`WallClock` for real replays; dry runs and tests pass a :class:`VirtualClock`
+            and replace :attr:`runner` with a :class:`PacedRunner`.
     """
 
     def __init__(
@@ -125,7 +186,8 @@ class Engine:
         self.core = core = self._book.core
         if core.max_model_len > model.config.max_context:
             raise ValueError(
-                f"max_model_len {core.max_model_len} exceeds the model's max_context {model.config.max_context}"
+                f"max_model_len {core.max_model_len} exceeds the model's max_context "
+                f"{model.config.max_context}"
             )
         weight = model.embed.weight
         cache = KVCache(model.config, core.kv.total, core.kv.block_size, weight.dtype, weight.device)
@@ -145,11 +207,11 @@ class Engine:
         policy.reset(self.core)
         view = self.core.view
         self.clock.start()  # trace time 0 is now
-        while self._advance_to_work():
+        while self.advance_to_work():
             self.step(policy.plan(view))
         return self.result(time.perf_counter() - start)
 
-    def _advance_to_work(self) -> bool:
+    def advance_to_work(self) -> bool:
         """Admit arrivals, sleeping until the next one when idle; False once the trace is done.
 
         While busy the core's clock stays at the last iteration's end, as in the simulator: an

@@ -18,6 +18,7 @@ object as their last line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -28,11 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from chunkgym import resolve_path
-from engine.calibrate import cost_file, fit, machine, profile, write
+from engine.calibrate import calibrate
 from engine.replay import ReplayConfig, check, load_config, replay
 from engine.replay import write as write_replay
 from envs.serving.simulator import SimResult
-from envs.serving.specs import load_model
 
 DEFAULT_POLICIES = ("sarathi_512", "fcfs")
 COMPARED = ("ttft_p50_s", "ttft_p99_s", "tbt_p99_s")
@@ -76,57 +76,46 @@ def compare(runs: dict[tuple[str, str], SimResult], policies: Sequence[str]) -> 
 def run(
     conf: ReplayConfig,
     out: Path,
-    repeats: int = 7,
-    warmup: int = 2,
+    repeats: int = 5,
+    warmup: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict:
     """The whole measurement (see the module docstring); returns the JSON-ready summary."""
     check(conf)  # a bad name fails before minutes of profiling
     start = time.perf_counter()
     load_start = os.getloadavg()
-    spec = load_model(conf.model)
     log(f"profiling {conf.model} on {conf.device} with {conf.threads} thread(s)...")
-    samples = profile(
-        conf.model,
-        conf.threads,
-        repeats,
-        warmup,
-        seed=conf.weights_seed,
-        device=conf.device,
-        dtype=conf.dtype,
-    )
-    fitted = fit(samples, spec.num_layers)
-    where = machine(conf.device, conf.threads)
-    path = write(cost_file(conf.hardware, conf.model, fitted, where), out)
-    profile_s = time.perf_counter() - start
+    cal = calibrate(conf, out, repeats, warmup)
+    fitted, path = cal.fit, cal.path
     log(
-        f"fitted {len(samples)} compositions in {profile_s:.0f} s: in-sample MAPE {fitted.in_sample_mape:.3f}, "
-        f"held-out {fitted.heldout_mape:.3f} -> {path}"
+        f"fitted {fitted.points} compositions in {cal.seconds:.0f} s: "
+        f"in-sample MAPE {fitted.in_sample_mape:.3f}, "
+        f"held-out {fitted.heldout_mape:.3f}; scheduler {cal.overhead_s * 1e3:.3f} ms per iteration -> {path}"
     )
-    conf.cost_model = str(path)
-    conf.backends = ["engine", "sim"]
+    conf = dataclasses.replace(conf, cost_model=str(path), backends=["engine", "sim"])
     done = replay(conf, log=log)
     write_replay(done, out)
     summary = compare(done.results, conf.policies)
-    requests = done.rows[0].row
+    first = done.rows[0].row
     summary.update(
         profile={
-            "compositions": len(samples),
+            "compositions": fitted.points,
             "in_sample_mape": fitted.in_sample_mape,
             "heldout_mape": fitted.heldout_mape,
-            "seconds": profile_s,
+            "scheduler_overhead_s": cal.overhead_s,
+            "seconds": cal.seconds,
             "file": str(path),
         },
         slice={
-            "workload": requests["workload"],
+            "workload": first["workload"],
             "seed": conf.seed,
             "load_scale": conf.load_scale,
             "window_s": conf.window_s,
             "length_scale": conf.length_scale,
-            "requests": requests["requests"],
-            "span_s": requests["span_s"],
+            "requests": first["requests"],
+            "span_s": first["span_s"],
         },
-        machine=where,
+        machine=cal.where,
         loadavg_start=list(load_start),
         loadavg_end=list(os.getloadavg()),
         wall_s=time.perf_counter() - start,
@@ -137,8 +126,8 @@ def run(
 
 def main(argv: Sequence[str] | None = None, default_config: str | None = None, description: str = "") -> dict:
     parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=7, help="profiling repeats per composition (median)")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per composition (median)")
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--out", default="outputs/sim_to_real", help="profile, results and iterations go here"
     )

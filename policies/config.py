@@ -99,9 +99,11 @@ class AlgoConfig:
     activation: Activation = Activation.tanh
     normalize_reward: bool = True
     clip_obs: float = 10.0
-    # Behaviour-cloning warm start (policies/imitation.py): imitate the constant action
-    # bc_teacher = [budget level, rule] on bc_steps env steps before PPO; 0 steps = off.
-    bc_teacher: list[int] = field(default_factory=lambda: [5, 1])
+    # Behaviour-cloning warm start (policies/imitation.py) on bc_steps env steps before PPO (0 = off):
+    # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
+    # constant action of each episode's window in hindsight (budget levels >= bc_action[0], every rule).
+    bc_teacher: str = "constant"
+    bc_action: list[int] = field(default_factory=lambda: [5, 1])
     bc_steps: int = 0
     bc_epochs: int = 10
 

@@ -1,4 +1,4 @@
-"""The engine's scheduler: the serving core driving the real model, decision for decision like the simulator."""
+"""The engine's scheduler: the serving core driving the real model, deciding exactly like the simulator."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 import envs
 from engine.model import build_model
-from engine.serve import Engine, EngineResult, prompt_tokens
+from engine.serve import Engine, EngineResult, PacedRunner, VirtualClock, WallClock, prompt_tokens
 from envs.serving.core import ServingConfig
 from envs.serving.setup import ServingSetup
 from envs.serving.simulator import ITERATION_COLUMNS
@@ -31,48 +31,6 @@ def model():
     return build_model("tiny", seed=0)
 
 
-class VirtualClock:
-    """Time moves only when the paced runner says so, or when the engine sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def start(self) -> None:
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep_until(self, t: float) -> None:
-        self.t = max(self.t, t)
-
-
-class PacedRunner:
-    """The engine's real runner, taking exactly the cost model's latency for each batch on the clock.
-
-    It tells decodes from prefill chunks by the core's decode group, and recomputes the latency from
-    the items alone, so it checks the engine's batches as much as it paces them.
-    """
-
-    def __init__(self, engine: Engine, clock: VirtualClock) -> None:
-        self.inner, self.core, self.clock = engine.runner, engine.core, clock
-        self.cache, self.model = self.inner.cache, self.inner.model
-
-    def execute(self, items):
-        members = self.core.decode.members
-        decodes = [i for i in items if len(i.token_ids) == 1 and i.seq_id in members]
-        chunks = [i for i in items if not (len(i.token_ids) == 1 and i.seq_id in members)]
-        latency = self.core.cost_model.iteration_time(
-            len(decodes),
-            sum(i.start + 1 for i in decodes),
-            [len(i.token_ids) for i in chunks],
-            [i.start for i in chunks],
-        )
-        tokens = self.inner.execute(items)
-        self.clock.t += latency
-        return tokens
-
-
 def setup(num_blocks: int = 512) -> ServingSetup:
     """Llama-3-8B's roofline latencies; the core's limits fit the tiny model (4096 positions)."""
     config = ServingConfig(num_blocks=num_blocks, max_model_len=1024, lookahead=8)
@@ -91,7 +49,7 @@ def trace(n: int = 24, seed: int = 0):
 def paced(tr, serving: ServingSetup, model, policy: str) -> tuple[Engine, EngineResult]:
     clock = VirtualClock()
     engine = Engine(tr, serving, model, seed=3, clock=clock)
-    engine.runner = PacedRunner(engine, clock)
+    engine.runner = PacedRunner(engine.core, clock, engine.runner)
     return engine, engine.run(make_policy(policy))
 
 
@@ -149,11 +107,11 @@ def test_physical_blocks_follow_the_core_every_iteration(model):
     tr, serving = trace(n=16, seed=1), setup(num_blocks=64)
     clock = VirtualClock()
     engine = Engine(tr, serving, model, clock=clock)
-    engine.runner = PacedRunner(engine, clock)
+    engine.runner = PacedRunner(engine.core, clock, engine.runner)
     policy = make_policy("sarathi_128")
     policy.reset(engine.core)
     steps = 0
-    while engine._advance_to_work():
+    while engine.advance_to_work():
         engine.step(policy.plan(engine.core.view))
         assert engine.blocks.num_used_blocks == engine.core.kv.used
         engine.blocks.check_consistency()
@@ -201,3 +159,30 @@ def test_synthetic_prompts_are_deterministic_and_distinct():
     assert prompt_tokens(0, 5, 50, 512) != prompt_tokens(1, 5, 50, 512)
     assert prompt_tokens(0, 5, 50, 512) != prompt_tokens(0, 6, 50, 512)
     assert all(0 <= t < 512 for t in prompt_tokens(0, 5, 500, 512))
+
+
+@pytest.mark.parametrize("idle", ["sleep", "spin"])
+def test_wall_clock_waits_until_the_time_asked(idle):
+    clock = WallClock(idle)
+    clock.start()
+    clock.sleep_until(0.02)
+    assert 0.02 <= clock.now() < 0.5
+    with pytest.raises(ValueError, match="idle"):
+        WallClock("nap")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_greedy_is_the_argmax_of_the_logits(model, rows):
+    hidden = torch.randn(rows, model.config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    assert model.greedy(hidden) == model.logits(hidden).argmax(dim=-1).tolist()
+
+
+def test_a_dry_run_schedules_like_the_simulator_without_forward_passes(model):
+    tr, serving = trace(), setup()
+    clock = VirtualClock()
+    engine = Engine(tr, serving, model, clock=clock)
+    engine.runner = PacedRunner(engine.core, clock)  # no model: every token is 0
+    got = engine.run(make_policy("sarathi_128"))
+    want = serving.simulator(tr).run(make_policy("sarathi_128"))
+    np.testing.assert_array_equal(got.result.iterations["start"], want.iterations["start"])
+    assert all(set(o) == {0} and len(o) == n for o, n in zip(got.outputs, tr.output_len, strict=True))

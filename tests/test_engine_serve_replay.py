@@ -1,4 +1,4 @@
-"""Real-time replays through `python -m engine.replay`: evaluate.py's columns, backend=engine, its leaderboard."""
+"""Real-time replays by `python -m engine.replay`: evaluate.py's columns, backend=engine, the leaderboard."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def test_rows_have_evaluates_columns_for_both_backends(replayed):
         assert r["workload"].endswith("/len2") and r["split"] == "all"
     engine, sim = rows[0], rows[1]
     assert engine["config_hash"] != sim["config_hash"]
-    assert float(engine["sim_wall_s"]) > 0.5  # real time: the slice spans over a second of arrivals
+    last = pd.read_csv(replayed / "iterations.csv").query("backend == 'engine' and policy == 'sarathi_512'")
+    assert float(engine["sim_wall_s"]) >= (last["start"] + last["latency"]).max() > 0.1  # real time
     assert len(read(replayed / "buckets.csv")) == 4 * 5
 
 
@@ -94,6 +95,9 @@ def test_evaluate_renders_the_leaderboard_of_engine_rows(replayed, tmp_path):
     assert board == proc.stdout
     for label in ("| sarathi_512 [engine] |", "| sarathi_512 |", "| fcfs [engine] |", "| fcfs |"):
         assert label in board
+    from evaluate import render
+
+    assert render(str(replayed / "results.json"), tmp_path / "json") == board
 
 
 def test_length_scale_divides_and_rounds_with_at_least_one_token():
@@ -111,6 +115,9 @@ def test_length_scale_divides_and_rounds_with_at_least_one_token():
         ("length_scale=0.5", "length_scale"),
         ("serving.block_sise=8", "unknown serving option"),
         ("threads=0", "threads"),
+        ("idle=nap", "idle"),
+        ("nosuch=1", "nosuch"),
+        ("threads=abc", "threads"),
     ],
 )
 def test_bad_settings_fail_before_any_run(override, message):
@@ -122,4 +129,5 @@ def test_the_cpu_config_is_the_documented_default():
     conf = load_config([])
     assert isinstance(conf, ReplayConfig)
     assert (conf.model, conf.hardware, conf.threads, conf.length_scale) == ("engine_small", "cpu", 1, 8.0)
+    assert conf.idle == "spin"
     assert conf.serving["num_blocks"] > 0

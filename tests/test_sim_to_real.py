@@ -12,6 +12,8 @@ import pytest
 
 from chunkgym import REPO_ROOT
 from engine.calibrate import KNEES, Sample, cost_file, default_grid, fit, write
+from engine.model import build_model
+from engine.replay import head, load_config, replay_trace, scheduler_overhead
 from engine.sim_to_real import compare, iteration_mape
 from envs.serving.cost_model import CostParams, RooflineCostModel, load_cost_model
 from envs.serving.setup import ServingSetup
@@ -83,6 +85,25 @@ def test_fitted_file_loads_as_the_hardware_profile(tmp_path):
     assert "a test machine" in cost.description
     setup = ServingSetup.from_names("engine_small", "cpu", 1, "strict", str(path), {"num_blocks": 64})
     assert setup.slo.tpot_s == pytest.approx(5 * float(cost.decode_times(32, np.array([32 * 4096]))[0]))
+
+
+def test_scheduler_overhead_is_added_to_every_iteration(tmp_path):
+    result = fit(samples(), num_layers=6)
+    plain = RooflineCostModel(result.params)
+    path = write(cost_file("cpu", "engine_small", result, "here", overhead_s=2e-4), tmp_path)
+    cost = load_cost_model(load_model("engine_small"), load_hardware("cpu"), 1, path=path)
+    for args in ((1, 17, (), ()), (0, 0, (128,), (0,)), (8, 800, (64,), (256,))):
+        assert cost.iteration_time(*args) == pytest.approx(plain.iteration_time(*args) + 2e-4)
+    assert "0.200 ms per iteration of scheduler work" in cost.description
+
+
+def test_scheduler_overhead_is_measured_on_another_window_in_real_time(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "200,40\n" * 20)
+    conf = load_config([f"workload=file:{trace}", "length_scale=4", "load_scale=4", "idle=sleep"])
+    assert len(head(replay_trace(conf), 1.0)) < len(replay_trace(conf))
+    overhead = scheduler_overhead(conf, build_model("engine_small"), span_s=1.0)
+    assert 1e-6 < overhead < 5e-3
 
 
 def test_the_committed_cpu_profile_resolves_an_slo():
