@@ -124,22 +124,6 @@ def load_config(argv: Sequence[str] = ()) -> ReplayConfig:
 
 
 # ---- the slice -----------------------------------------------------------------------------
-def scale_lengths(trace: Trace, factor: float) -> Trace:
-    """``trace`` with prompt and output lengths divided by ``factor`` (rounded, at least 1)."""
-    if factor == 1.0:
-        return trace
-
-    def shrink(lengths: np.ndarray) -> np.ndarray:
-        return np.maximum(1, np.rint(lengths / factor)).astype(np.int64)
-
-    return dataclasses.replace(
-        trace,
-        name=f"{trace.name}/len{factor:g}",
-        prompt_len=shrink(trace.prompt_len),
-        output_len=shrink(trace.output_len),
-    )
-
-
 def workload_label(conf: ReplayConfig) -> str:
     return conf.workload if conf.length_scale == 1.0 else f"{conf.workload}/len{conf.length_scale:g}"
 
@@ -151,7 +135,7 @@ def run_spec(conf: ReplayConfig, policy: str) -> RunSpec:
 
 def replay_trace(conf: ReplayConfig) -> Trace:
     """The slice both backends serve: the workload window, lengths divided by ``length_scale``."""
-    return scale_lengths(run_spec(conf, conf.policies[0]).trace(), conf.length_scale)
+    return run_spec(conf, conf.policies[0]).trace().scale_lengths(conf.length_scale)
 
 
 # ---- the engine ----------------------------------------------------------------------------

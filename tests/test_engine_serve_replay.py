@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from chunkgym import REPO_ROOT
-from engine.replay import ReplayConfig, load_config, main, scale_lengths
+from engine.replay import ReplayConfig, load_config, main
 from tests.simtools import make_trace
 from tests.test_evaluate_cli import CONTRACT_COLUMNS
 
@@ -102,10 +102,10 @@ def test_evaluate_renders_the_leaderboard_of_engine_rows(replayed, tmp_path):
 
 def test_length_scale_divides_and_rounds_with_at_least_one_token():
     trace = make_trace([0.0, 1.0, 2.0], [1000, 7, 1], [129, 1, 12])
-    scaled = scale_lengths(trace, 8)
+    scaled = trace.scale_lengths(8)
     assert scaled.prompt_len.tolist() == [125, 1, 1] and scaled.output_len.tolist() == [16, 1, 2]
     np.testing.assert_array_equal(scaled.arrival_s, trace.arrival_s)
-    assert scale_lengths(trace, 1.0) is trace
+    assert trace.scale_lengths(1.0) is trace
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,8 @@ class Workload:
         if not (load_scale > 0 and math.isfinite(load_scale)):
             raise ValueError(f"load_scale must be a positive number, got {load_scale!r}")
         factor = self.spec.rate_scale * load_scale
-        return dataclasses.replace(trace, arrival_s=trace.arrival_s / factor, span_s=trace.span_s / factor)
+        trace = dataclasses.replace(trace, arrival_s=trace.arrival_s / factor, span_s=trace.span_s / factor)
+        return trace.scale_lengths(self.spec.length_scale)
 
     def __repr__(self) -> str:
         return f"Workload({self.spec.name!r}, source={self.source!r})"

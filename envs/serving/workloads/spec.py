@@ -21,7 +21,8 @@ class WorkloadSpec:
     length-only files (``base_rate`` > 0 also overrides the fitted rate of ``synthetic``);
     ``slot_jitter_s`` spreads timestamps quantised to slots (Mooncake conversation: 3 s)
     uniformly over their slot. ``allow_synthetic`` lets the Azure-conv fit stand in when the
-    data file is absent.
+    data file is absent. ``length_scale`` divides every prompt and output length (small models
+    on a CPU replay the same arrival pattern with lighter requests; see ``Trace.scale_lengths``).
     """
 
     name: str
@@ -34,6 +35,7 @@ class WorkloadSpec:
     burstiness_cv: float = 1.0
     slot_jitter_s: float = 0.0
     allow_synthetic: bool = False
+    length_scale: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
@@ -47,6 +49,7 @@ class WorkloadSpec:
         for field, low_ok in (
             ("rate_scale", False),
             ("window_s", False),
+            ("length_scale", False),
             ("burstiness_cv", False),
             ("base_rate", True),
             ("slot_jitter_s", True),

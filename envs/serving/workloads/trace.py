@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -88,6 +89,30 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.arrival_s)
+
+    def scale_lengths(self, factor: float) -> Trace:
+        """Prompt and output lengths divided by ``factor`` (rounded, at least 1 token), times unchanged.
+
+        For small models on small devices (CPU replays of the real engine): the same arrival
+        pattern with proportionally lighter requests.  Prefix hash ids describe the original
+        token blocks, so a trace that has them cannot be scaled.
+        """
+        if factor == 1.0:
+            return self
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"trace {self.name!r}: length factor must be a positive number, got {factor!r}")
+        if self.hash_ids is not None:
+            raise ValueError(f"trace {self.name!r}: prefix hash ids do not survive length scaling")
+
+        def shrink(lengths: np.ndarray) -> np.ndarray:
+            return np.maximum(1, np.rint(lengths / factor)).astype(np.int64)
+
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}/len{factor:g}",
+            prompt_len=shrink(self.prompt_len),
+            output_len=shrink(self.output_len),
+        )
 
     def slice(self, start: int, stop: int) -> Trace:
         """Requests ``[start, stop)`` in the same time base (same span and offset)."""
