@@ -58,7 +58,7 @@ from policies.registry import make_policy, policy_names
 log = logging.getLogger("evaluate")
 
 ALL_POLICIES = "all"
-"""In ``policies``: every shipped policy (``policy_names()``: the baselines, and ``learned`` once shipped)."""
+"""In ``policies``: every policy (``policy_names()``: the baselines and the artefacts in policies/artifacts)."""
 MAX_REPORTED = 50
 """Differing values validation prints (it counts them all)."""
 SHOWCASE_POLICIES = ("fcfs", "sarathi_512")
@@ -119,6 +119,9 @@ class EvaluateConfig:
     window_s: float | None = None  # window length (trace s) for named workloads; null: each one's own
     capacity: bool = False  # also search each policy's capacity (both criteria) -> capacity.csv
     capacity_rel_tol: float = 0.01  # the capacity search's relative bracket width
+    capacity_criteria: list[str] = field(
+        default_factory=lambda: list(CRITERIA)
+    )  # searched; others left blank
     n_jobs: int = 0  # worker processes; 0: every core
     progress: bool = True  # progress bar on stderr
     plots: bool = True  # write the PNG plots
@@ -151,6 +154,9 @@ def plan(conf: EvaluateConfig) -> Plan:
     bad = [x for x in loads if not (x > 0 and math.isfinite(x))]
     if bad:
         raise ValueError(f"load_scales must be positive numbers, got {bad}")
+    unknown = sorted(set(conf.capacity_criteria) - set(CRITERIA))
+    if unknown:
+        raise ValueError(f"unknown capacity_criteria {unknown}; valid: {', '.join(CRITERIA)}")
     if conf.logger.mode not in LOGGER_MODES:
         raise ValueError(f"logger.mode must be one of {', '.join(LOGGER_MODES)}, got {conf.logger.mode!r}")
     if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
@@ -240,13 +246,16 @@ def evaluate(conf: EvaluateConfig, grid: Plan, out: Path) -> None:
 def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -> pd.DataFrame:
     """capacity.csv: per (policy, workload, seed) the load scale and request rate at capacity, per criterion."""
     bases = list(dict.fromkeys(dataclasses.replace(s, load_scale=1.0) for s in specs))
-    jobs = [CapacityJob(s, c, conf.capacity_rel_tol) for s in bases for c in CRITERIA]
+    searched = [c for c in CRITERIA if c in conf.capacity_criteria]
+    jobs = [CapacityJob(s, c, conf.capacity_rel_tol) for s in bases for c in searched]
     found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress))
     rows = []
     for s in bases:
         row = {"policy": s.policy, "workload": s.workload, "seed": s.seed}
         for criterion in CRITERIA:
-            row[f"capacity_{criterion}_scale"], row[f"capacity_{criterion}_rps"] = next(found)
+            row[f"capacity_{criterion}_scale"], row[f"capacity_{criterion}_rps"] = (
+                next(found) if criterion in searched else (math.nan, math.nan)
+            )
         setup = s.setup
         row.update(hardware=setup.hardware, model=setup.model, tp=setup.tp, slo=setup.slo.name)
         row.update(cost_model=setup.cost_model, split=s.split, window_s=s.effective_window_s())

@@ -1,7 +1,9 @@
 """Resolve a policy name to a fresh :class:`~envs.serving.scheduling.Policy`.
 
 Names: a file in ``conf/policy/`` (``fcfs``, ``sarathi_512``, ...), ``learned:PATH``
-(an exported policy directory), or ``learned`` (the artefact shipped in this repo).
+(an exported policy directory), or the name of an artefact shipped in ``policies/artifacts/``
+(``learned``: the simulator policy for GPU serving; ``learned_cpu``: the one trained for the
+CPU engine).
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ from envs.serving.scheduling import Policy
 from envs.serving.specs import CONF_DIR
 
 POLICY_DIR = CONF_DIR / "policy"
-SHIPPED_LEARNED = REPO_ROOT / "policies" / "artifacts" / "learned"
+ARTIFACTS_DIR = REPO_ROOT / "policies" / "artifacts"
+SHIPPED_LEARNED = ARTIFACTS_DIR / "learned"
+
+
+def shipped_names() -> list[str]:
+    """Exported policies shipped with the repo: each folder of ``policies/artifacts/`` with a manifest."""
+    return sorted(p.parent.name for p in ARTIFACTS_DIR.glob("*/policy.json"))
 
 
 def policy_names() -> list[str]:
-    names = sorted(p.stem for p in POLICY_DIR.glob("*.yaml"))
-    return names + (["learned"] if SHIPPED_LEARNED.is_dir() else [])
+    return sorted(p.stem for p in POLICY_DIR.glob("*.yaml")) + shipped_names()
 
 
 def make_policy(name: str) -> Policy:
     """A new policy object for ``name``; unknown names fail with the list of valid ones."""
-    if name == "learned" or name.startswith("learned:"):
-        path = SHIPPED_LEARNED if name == "learned" else resolve_path(name.split(":", 1)[1])
+    if name in shipped_names() or name.startswith("learned:"):
+        path = ARTIFACTS_DIR / name if ":" not in name else resolve_path(name.split(":", 1)[1])
         if not Path(path).is_dir():
             raise ValueError(f"policy {name!r}: no exported policy directory at {path}")
         from policies.exported import load_policy

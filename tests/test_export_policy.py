@@ -17,7 +17,7 @@ from envs.actions import NUM_LEVELS
 from envs.serving.setup import ServingSetup
 from policies.export import policy_net, write_export
 from policies.exported import ExportedPolicy, load_policy, load_program
-from policies.registry import make_policy
+from policies.registry import make_policy, policy_names, shipped_names
 from policies.training import make_env
 
 COMMON = dict(cost_model="roofline", window_s=20.0, load_scale=(1.0, 2.0))
@@ -144,3 +144,16 @@ def test_loading_and_serving_need_neither_sb3_nor_pickle(trained):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("name", ["learned", "learned_cpu"])
+def test_shipped_artifacts_load_by_name_and_schedule(name):
+    """The artefacts in policies/artifacts are policies by name, checked against their manifests."""
+    assert name in shipped_names() and name in policy_names()
+    policy = make_policy(name)
+    assert isinstance(policy, ExportedPolicy) and policy.name == name
+    assert policy.spec["env_id"] in gym.registry
+    trace = envs.serving.workload.load_workload("synthetic_azure_conv").window("val", 0, 1.0, 20.0)
+    result = ServingSetup.from_names(cost_model="roofline").simulator(trace).run(policy)
+    assert result.metrics["requests"] == len(trace) > 0
+    assert result.metrics["finished"] + result.metrics["rejected"] == len(trace)
