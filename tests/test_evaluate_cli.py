@@ -153,6 +153,7 @@ def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, t
             ["'no_such_workload'", "azure_conv", "synthetic_azure_conv", "file:PATH"],
         ),
         ("workloads=[file:/no/such/trace.csv]", ["/no/such/trace.csv", "not found"]),
+        ("capacity_criteria=[attain95]", ["attain95", "attain90", "tbt"]),
     ],
 )
 def test_an_unknown_name_fails_at_once_listing_the_valid_ones(tmp_path, override, expected) -> None:
@@ -185,3 +186,24 @@ def test_nan_cells_stay_empty_in_csv_and_null_in_json(tiny) -> None:
     assert all(
         isinstance(o["window_s"], float) and not math.isnan(o["window_s"]) for o in objects if o not in whole
     )
+
+
+def test_capacity_criteria_searches_only_those_named(tmp_path) -> None:
+    trace = f"file:{write_trace(tmp_path / 'trace.csv')}"
+    proc = evaluate(
+        "policies=[sarathi_512]",
+        f"workloads=[{trace}]",
+        "load_scales=[1.0]",
+        "seeds=[0]",
+        "capacity=true",
+        "capacity_criteria=[tbt]",
+        "capacity_rel_tol=0.1",
+        "cost_model=roofline",
+        "plots=false",
+        "progress=false",
+        f"output_dir={tmp_path / 'out'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = read_csv(tmp_path / "out" / "capacity.csv")
+    assert row["capacity_attain90_scale"] == row["capacity_attain90_rps"] == ""
+    assert float(row["capacity_tbt_scale"]) > 0 and float(row["capacity_tbt_rps"]) > 0

@@ -104,6 +104,25 @@ def test_prefix_hit_leaves_at_least_one_token_to_compute():
     assert res.outcomes.prefix_hit.tolist() == [0, 32]
 
 
+def test_prompts_pinning_cached_prefixes_cannot_deadlock_the_queue():
+    """Two waiting prompts pin cached prefixes so that one free block is left: each could compute a
+    token in it, but neither is admitted (vLLM admits a prompt only with room for its whole remainder).
+    The core must free memory (the newest prompt's pinned prefix) rather than plan nothing forever."""
+    unit = 32
+    trace = make_trace(
+        [0.0, 2.0, 10.0, 10.0],
+        [32, 128, 150, 60],  # the last two re-use the first two's cached units
+        [1, 2, 2, 2],
+        hashes=[[9], [1, 2, 3, 4], [1, 2, 3, 4, 5], [9, 10]],
+        unit=unit,
+    )
+    sim = make_sim(trace, num_blocks=11)
+    res = sim.run(Sarathi(512))
+    assert res.metrics["finished"] == 4 and res.metrics["rejected"] == 0
+    assert res.outcomes.prefix_hit.tolist()[2] == 4 * unit, "the older prompt keeps its prefix"
+    sim.core.kv.check()
+
+
 class _Bad(Policy):
     def __init__(self, make):
         self.make = make

@@ -274,9 +274,16 @@ class ServingCore:
             self._free_for_progress()
 
     def _can_progress(self) -> bool:
-        """Whether some queued prompt could compute a token with the free KV blocks."""
+        """Whether the planner could give some queued prompt a token with the free KV blocks."""
         free, slots = self.kv.free, self.free_slots()
-        return any((r.running or slots > 0) and self.tokens_fitting(r, free) > 0 for r in self.lookahead())
+        return any(self.may_prefill(r, free, slots) for r in self.lookahead())
+
+    def may_prefill(self, req: Request, free_blocks: int, free_slots: int) -> bool:
+        """Whether ``req`` may get prefill tokens: a running prompt if one more token's KV fits; a new
+        one (admission, as vLLM) only with a free batch slot and KV room for its whole remaining prompt."""
+        if req.running:
+            return self.tokens_fitting(req, free_blocks) > 0
+        return free_slots > 0 and self.blocks_needed(req, req.target - req.computed) <= free_blocks
 
     def _free_for_progress(self) -> None:
         """With no decodes to finish and free memory, partial prefills could wait on each other forever.

@@ -177,16 +177,12 @@ def plan_budget(view: View, budget: int, rule: Rule = Rule.FCFS, with_decodes: b
     free = view.free_blocks
     slots = view.free_slots
     for req in rule_order(view, rule):
-        left_tokens = req.target - req.computed
-        if not req.running:  # admission: a slot, and KV room for the whole remaining prompt (as vLLM)
-            if slots <= 0 or core.blocks_needed(req, left_tokens) > free:
-                continue
-        n = min(left_tokens, left)
+        if not core.may_prefill(req, free, slots):
+            continue
+        n = min(req.target - req.computed, left)
         need = core.blocks_needed(req, n)
-        if need > free:
+        if need > free:  # a running prompt: the chunk that fits
             n = core.tokens_fitting(req, free)
-            if n <= 0:
-                continue
             need = core.blocks_needed(req, n)
         plan.chunks.append((req, n))
         left -= n

@@ -1,0 +1,113 @@
+"""The behaviour-cloning teacher (policies/imitation.py) and the hindsight oracle (policies/oracle.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sb3_contrib import MaskablePPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+import envs
+from baselines import Sarathi
+from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.serving.scheduling import Rule
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import load_workload
+from policies.imitation import best_constant, clone, collect, teacher_labels
+from policies.oracle import oracle_run
+from policies.training import make_env
+
+ENV_KW = dict(workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=20.0, load_scale=(1.0, 3.0))
+
+
+def mask_row(top_level: int, rules_valid: bool) -> np.ndarray:
+    """A v1 mask: budget levels 0..top_level valid; every rule or FCFS only."""
+    levels = np.arange(NUM_LEVELS) <= top_level
+    rules = np.array([True, rules_valid, rules_valid, rules_valid])
+    return np.concatenate([levels, rules])
+
+
+def test_teacher_labels_are_the_valid_action_with_the_same_plan():
+    masks = np.stack([mask_row(8, True), mask_row(3, True), mask_row(8, False), mask_row(1, False)])
+    labels = teacher_labels(masks, level=5, rule=2)
+    # covering level 3 < 5: the budget clamps to it; a masked rule (one prompt waiting) becomes FCFS
+    assert labels.tolist() == [[5, 2], [3, 2], [5, 0], [1, 0]]
+    assert labels.dtype == np.int64
+
+
+@pytest.fixture()
+def venv():
+    fns = [lambda: make_env(envs.ENV_ID_V1, ENV_KW) for _ in range(2)]
+    v = VecNormalize(DummyVecEnv(fns), norm_reward=False)
+    v.seed(3)
+    return v
+
+
+def test_best_constant_is_the_candidate_with_the_highest_attainment(venv):
+    venv.reset()
+    env = venv.venv.envs[0].unwrapped
+    candidates = [(lv, r) for lv in (2, 4, 6) for r in (0, 1)]
+    chosen = best_constant(env, candidates)
+    scores = {
+        c: env.setup.simulator(env.sim.trace).run(Sarathi(BUDGET_LEVELS[c[0]], env.actions.rule_names[c[1]]))
+        for c in candidates
+    }
+    attain = {c: r.metrics["slo_attainment"] for c, r in scores.items()}
+    assert attain[chosen] == max(attain.values())
+    assert chosen == next(c for c in candidates if attain[c] == max(attain.values())), "ties: the first"
+
+
+def test_collect_follows_the_masks_and_clone_learns_the_teacher(venv):
+    torch.manual_seed(0)
+    data = collect(venv, "constant", level=3, rule=1, steps=600, gamma=0.99)
+    n = len(data["obs"])
+    assert n >= 600 and data["masks"].shape == (n, NUM_LEVELS + 4) and data["returns"].shape == (n,)
+    rows = np.arange(n)
+    assert data["masks"][rows, data["actions"][:, 0]].all(), "every label's budget level is valid"
+    assert data["masks"][rows, NUM_LEVELS + data["actions"][:, 1]].all(), "every label's rule is valid"
+    np.testing.assert_array_equal(data["actions"], teacher_labels(data["masks"], 3, 1))
+
+    model = MaskablePPO("MlpPolicy", venv, n_steps=64, batch_size=64, seed=0, device="cpu")
+    before = clone(model, data, epochs=0, batch_size=128, masked=True)["agreement"]
+    after = clone(model, data, epochs=40, batch_size=64, masked=True)
+    assert after["samples"] == n
+    assert after["agreement"] >= 0.95 > before, (before, after)
+
+
+def test_collect_rejects_an_unknown_teacher(venv):
+    with pytest.raises(ValueError, match="teacher 'oracle'"):
+        collect(venv, "oracle", 3, 1, 10, 0.99)
+
+
+@pytest.fixture(scope="module")
+def small_window():
+    setup = ServingSetup.from_names(cost_model="roofline")
+    return setup, load_workload("synthetic_azure_conv").window("val", 0, 3.0, 30.0)
+
+
+def test_an_oracle_with_one_candidate_is_that_constant_policy(small_window):
+    setup, trace = small_window
+    base = (512, Rule.FCFS)
+    got, choices = oracle_run(setup.simulator(trace), base, budgets=[512], rules=[Rule.FCFS])
+    want = setup.simulator(trace).run(Sarathi(512))
+    assert {c[1:] for c in choices} == {(512, int(Rule.FCFS))}
+    for key in ("requests", "finished", "goodput_rps", "slo_attainment", "tbt_p99_s", "iterations"):
+        assert got.metrics[key] == want.metrics[key], key
+
+
+def test_oracle_choices_are_candidates_in_time_order_and_serve_every_request(small_window):
+    setup, trace = small_window
+    budgets, rules = (256, 2048), (Rule.FCFS, Rule.SHORTEST_FIRST)
+    result, choices = oracle_run(setup.simulator(trace), (512, Rule.FCFS), budgets, rules, horizon_s=10.0)
+    times = [t for t, _, _ in choices]
+    assert times == sorted(times) and len(choices) > 1
+    allowed = {(512, int(Rule.FCFS))} | {(b, int(r)) for b in budgets for r in rules}
+    assert {c[1:] for c in choices} <= allowed
+    assert result.metrics["finished"] + result.metrics["rejected"] == len(trace)
+
+
+def test_oracle_refuses_a_budget_that_is_not_an_action_level(small_window):
+    setup, trace = small_window
+    with pytest.raises(ValueError, match="budget 500"):
+        oracle_run(setup.simulator(trace), (512, Rule.FCFS), budgets=[500])
