@@ -6,7 +6,8 @@
     python evaluate.py validate=DIR/results.csv   # rerun every row; exits 1 naming each differing value
     python evaluate.py results=DIR/results.csv    # only render the leaderboard of existing rows (e.g. engine)
 
-Named workloads run on their test split, one window per seed; a ``file:PATH`` trace is used whole
+Named workloads run on their test split (``split=val`` to select models), one window per seed; a
+``file:PATH`` trace is used whole
 (split ``all``; the seed draws the arrivals of a length-only file). Writes under ``output_dir``:
 ``results.csv`` and ``results.json`` (one row per policy, workload, load scale and seed; floats
 exact), ``leaderboard.md`` (also printed), ``buckets.csv`` (per prompt-length bucket),
@@ -39,6 +40,7 @@ from envs.serving.workloads.renewal import check_seed
 from leaderboard.parallel import default_jobs, parallel_map
 from leaderboard.runs import (
     BACKEND,
+    REPORT_SPLITS,
     TBT_PROBS,
     CapacityJob,
     RowResult,
@@ -117,6 +119,7 @@ class EvaluateConfig:
     cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
     serving: ServingConfig = field(default_factory=ServingConfig)  # engine settings
     window_s: float | None = None  # window length (trace s) for named workloads; null: each one's own
+    split: str = "test"  # named workloads' split: test (report) or val (model selection)
     capacity: bool = False  # also search each policy's capacity (both criteria) -> capacity.csv
     capacity_rel_tol: float = 0.01  # the capacity search's relative bracket width
     capacity_criteria: list[str] = field(
@@ -157,6 +160,8 @@ def plan(conf: EvaluateConfig) -> Plan:
     unknown = sorted(set(conf.capacity_criteria) - set(CRITERIA))
     if unknown:
         raise ValueError(f"unknown capacity_criteria {unknown}; valid: {', '.join(CRITERIA)}")
+    if conf.split not in REPORT_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(REPORT_SPLITS)}, got {conf.split!r}")
     if conf.logger.mode not in LOGGER_MODES:
         raise ValueError(f"logger.mode must be one of {', '.join(LOGGER_MODES)}, got {conf.logger.mode!r}")
     if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
@@ -171,7 +176,7 @@ def plan(conf: EvaluateConfig) -> Plan:
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
     specs = [
-        RunSpec(p, w, x, s, setup, conf.window_s)
+        RunSpec(p, w, x, s, setup, conf.window_s, conf.split)
         for w in workloads
         for x in loads
         for p in policies
@@ -183,7 +188,7 @@ def plan(conf: EvaluateConfig) -> Plan:
         loads[0] if show.load_scale is None else show.load_scale,
         seeds[0] if show.seed is None else check_seed(show.seed),
     )
-    return Plan(specs, [RunSpec(p, *window, setup, conf.window_s) for p in SHOWCASE_POLICIES])
+    return Plan(specs, [RunSpec(p, *window, setup, conf.window_s, conf.split) for p in SHOWCASE_POLICIES])
 
 
 def _resolve_policies(names: list[str]) -> list[str]:

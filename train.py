@@ -68,9 +68,9 @@ def main(dcfg: DictConfig) -> None:
     start_steps = model.num_timesteps
     if previous:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
-    elif cfg.algo.bc_steps:  # optional warm start: imitate a constant action first
+    elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
-        data = imitation.collect(venv, a.bc_teacher, *a.bc_action, a.bc_steps, a.gamma)
+        data = imitation.collect(venv, a.bc_teacher, *a.bc_action, a.bc_steps, a.gamma, a.bc_policies)
         fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, training.is_masked(cfg))
         log.info(
             "behaviour cloning (%s) on %d samples: %.1f%% agreement",

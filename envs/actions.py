@@ -74,6 +74,21 @@ class ActionSpec:
         level, rule = self.canonical(view, level, rule)
         return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])
 
+    def action_for(self, view: View, plan: Plan) -> tuple[int, int]:
+        """The valid action whose plan is ``plan`` (the smallest such level, then rule): how a
+        heuristic's decision reads as an env action; ValueError if no action yields that plan."""
+        want = _plan_key(plan)
+        mask = self.mask(view)
+        for rule in np.flatnonzero(mask[NUM_LEVELS:]):
+            for level in np.flatnonzero(mask[:NUM_LEVELS]):
+                if _plan_key(plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])) == want:
+                    return int(level), int(rule)
+        raise ValueError(f"no action of {self.rule_names} x budget levels gives the plan {want}")
+
+
+def _plan_key(plan: Plan) -> tuple[bool, tuple[tuple[int, int], ...]]:
+    return plan.decode, tuple((req.rid, n) for req, n in plan.chunks)
+
 
 ACTIONS_V0 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK))
 ACTIONS_V1 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK, Rule.SLACK_DOOMED_LAST))

@@ -32,6 +32,8 @@ from policies.registry import POLICY_DIR, make_policy
 
 BACKEND = "sim"
 TEST_SPLIT = "test"
+REPORT_SPLITS = ("test", "val")
+"""The splits evaluate.py may run on: test to report, val to select (train is the learner's)."""
 KEY_COLUMNS = ("policy", "workload", "load_scale", "seed")
 TBT_PROBS = np.concatenate([np.linspace(0.0, 0.9, 91), 1.0 - np.logspace(-1, -5, 81)[1:], [1.0]])
 """Probabilities at which a row keeps its pooled token-gap quantiles (dense in the tail) for the CDF plot."""
@@ -88,10 +90,11 @@ def cached_workload(name: str) -> Workload:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One row: ``policy`` on ``workload``'s test split (a ``file:`` trace whole) at ``load_scale``.
+    """One row: ``policy`` on ``workload``'s ``data_split`` (a ``file:`` trace whole) at ``load_scale``.
 
-    ``seed`` picks the test window (or the arrivals of a length-only file); ``window_s`` overrides
+    ``seed`` picks the window (or the arrivals of a length-only file); ``window_s`` overrides
     the workload's own window length (ignored for ``file:`` workloads, which are used whole).
+    ``data_split`` is ``test`` for reporting; ``val`` serves model selection.
     """
 
     policy: str
@@ -100,6 +103,7 @@ class RunSpec:
     seed: int
     setup: Setup
     window_s: float | None = None
+    data_split: str = TEST_SPLIT
 
     @property
     def whole_file(self) -> bool:
@@ -107,7 +111,7 @@ class RunSpec:
 
     @property
     def split(self) -> str:
-        return "all" if self.whole_file else TEST_SPLIT
+        return "all" if self.whole_file else self.data_split
 
     @property
     def label(self) -> str:
@@ -122,7 +126,9 @@ class RunSpec:
     def trace(self) -> Trace:
         if self.whole_file:
             return cached_workload(self.workload).split("all", self.seed, self.load_scale)
-        return cached_workload(self.workload).window(TEST_SPLIT, self.seed, self.load_scale, self.window_s)
+        return cached_workload(self.workload).window(
+            self.data_split, self.seed, self.load_scale, self.window_s
+        )
 
     def config_hash(self) -> str:
         """Hash of everything the row's numbers depend on except the code and the trace files' contents."""
@@ -172,7 +178,19 @@ class RunSpec:
             raise ValueError(f"column serving: {exc}") from exc
         window = None if row.get("window_s") in (None, "") else get("window_s", float)
         window = None if window is None or math.isnan(window) else window
-        return cls(get("policy"), get("workload"), get("load_scale", float), get("seed", int), setup, window)
+        split = get("split")
+        data_split = TEST_SPLIT if split == "all" else split
+        if data_split not in REPORT_SPLITS:
+            raise ValueError(f"column split: {split!r} is not one of {', '.join(REPORT_SPLITS)}, all")
+        return cls(
+            get("policy"),
+            get("workload"),
+            get("load_scale", float),
+            get("seed", int),
+            setup,
+            window,
+            data_split,
+        )
 
 
 @dataclass

@@ -101,9 +101,11 @@ class AlgoConfig:
     clip_obs: float = 10.0
     # Behaviour-cloning warm start (policies/imitation.py) on bc_steps env steps before PPO (0 = off):
     # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
-    # constant action of each episode's window in hindsight (budget levels >= bc_action[0], every rule).
+    # of each episode's window in hindsight among constant actions (budget levels >= bc_action[0], every
+    # rule) and the policies named in bc_policies (heuristics whose plans the action space expresses).
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
+    bc_policies: list[str] = field(default_factory=list)
     bc_steps: int = 0
     bc_epochs: int = 10
 

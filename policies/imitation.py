@@ -6,30 +6,39 @@ under the budgets it drifts to first, the rule's advantage is near zero and shor
 remaining-first is never found (see the README's learning notes).  Starting from a
 teacher fixes the exploration problem, and PPO then learns when to deviate from it.
 
-Two teachers, both constant env actions ``(budget level, rule)`` within an episode:
+Two teachers:
 
-* ``constant``: one fixed action everywhere (a fixed-budget Sarathi variant);
-* ``window_best``: for each training episode, the constant action that serves that
-  episode's window best, found in hindsight by simulating every candidate on it (a
-  cheap oracle).  The network must then tell regimes apart from what it observes
-  (bursty long prompts want a small budget and shortest-first, steady chat wants big
-  budgets), which is what lets one policy beat every fixed budget across workloads.
+* ``constant``: one fixed action ``(budget level, rule)`` everywhere (a fixed-budget
+  Sarathi variant);
+* ``window_best``: for each training episode, the candidate that serves that episode's
+  window best, found in hindsight by simulating every candidate on it (a cheap oracle).
+  Candidates are constant actions and, optionally, named heuristics (``adaptive_srpf``)
+  whose per-iteration plans the action space expresses.  The network must then tell
+  regimes apart from what it observes (bursty long prompts want a small budget and
+  shortest-first, steady chat wants big budgets), which is what lets one policy beat
+  every fixed budget across workloads.
 
-For each state the label is the *valid* action with the same plan (budget clamped to
-the covering level, rule to FCFS where rules are masked: see :mod:`envs.actions`), read
-off the action mask, so the labels follow the env's masks exactly.  The policy is fitted
+For each state the label is the *valid* action with the teacher's plan (for a constant
+action: budget clamped to the covering level, rule to FCFS where rules are masked, read
+off the action mask; for a heuristic: :meth:`envs.actions.ActionSpec.action_for`), so the
+labels follow the env's masks exactly.  The policy is fitted
 by masked cross-entropy and the value head by discounted returns of the teacher's own
 rollouts (so PPO's first advantages are not noise).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
+from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.serving.scheduling import Policy
+from policies.registry import make_policy
 
 
 def teacher_labels(masks: np.ndarray, level: int, rule: int) -> np.ndarray:
@@ -40,50 +49,88 @@ def teacher_labels(masks: np.ndarray, level: int, rule: int) -> np.ndarray:
     return np.stack([np.minimum(level, top), np.where(rules_ok, rule, 0)], axis=1).astype(np.int64)
 
 
-def best_constant(env, candidates: list[tuple[int, int]]) -> tuple[int, int]:
-    """The candidate action that serves ``env``'s current episode window best, by simulation."""
-    from baselines import Sarathi
+Teacher = tuple[int, int] | str
+"""A constant action ``(budget level, rule)``, or the name of a policy (``policies.registry``)."""
 
-    trace, setup, rules = env.sim.trace, env.setup, env.actions.rule_names
-    scores = []
-    for level, rule in candidates:
-        metrics = setup.simulator(trace).run(Sarathi(BUDGET_LEVELS[level], rules[rule])).metrics
-        scores.append(metrics["slo_attainment"])
-    return candidates[int(np.argmax(scores))]  # ties: the first, i.e. the smallest budget
+
+def teacher_policy(env, teacher: Teacher) -> Policy:
+    """A fresh policy acting as ``teacher`` in ``env``'s action space."""
+    if isinstance(teacher, str):
+        return make_policy(teacher)
+    level, rule = teacher
+    return Sarathi(BUDGET_LEVELS[level], env.actions.rule_names[rule])
+
+
+def best_teacher(env, candidates: list[Teacher]) -> Teacher:
+    """The candidate that serves ``env``'s current episode window best (SLO attainment), by simulation."""
+    trace, setup = env.sim.trace, env.setup
+    scores = [
+        setup.simulator(trace).run(teacher_policy(env, c)).metrics["slo_attainment"] for c in candidates
+    ]
+    return candidates[int(np.argmax(scores))]  # ties: the first listed
+
+
+class _Acting:
+    """One env's current teacher, giving the label for the env's current state."""
+
+    def __init__(self, env, teacher: Teacher) -> None:
+        self.env, self.teacher = env, teacher
+        self.policy = None
+        if isinstance(teacher, str):
+            self.policy = teacher_policy(env, teacher)
+            self.policy.reset(env.sim.core)
+
+    def label(self, mask: np.ndarray) -> np.ndarray:
+        if self.policy is None:
+            return teacher_labels(mask[None], *self.teacher)[0]
+        view = self.env.sim.core.view
+        return np.array(self.env.actions.action_for(view, self.policy.plan(view)), dtype=np.int64)
 
 
 def collect(
-    venv: VecNormalize, teacher: str, level: int, rule: int, steps: int, gamma: float
+    venv: VecNormalize,
+    teacher: str,
+    level: int,
+    rule: int,
+    steps: int,
+    gamma: float,
+    policies: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """Roll the teacher out for ``steps`` env steps; normalised observations, masks, labels, returns.
 
     ``teacher``: ``constant`` (the action ``(level, rule)``) or ``window_best`` (per episode,
-    the best constant action among budgets ``>= level`` x all rules; needs a DummyVecEnv).
+    the best of the constant actions with budget levels ``>= level`` x all rules, and the
+    named ``policies``; needs a DummyVecEnv).
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
+    if policies and teacher != "window_best":
+        raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
+    if teacher == "window_best" and not isinstance(venv.venv, DummyVecEnv):
+        raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
     n = venv.num_envs
     obs = venv.reset()
-    actions_now = np.tile([level, rule], (n, 1))
+    envs = [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
     if teacher == "window_best":
-        if not isinstance(venv.venv, DummyVecEnv):
-            raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
-        envs = [e.unwrapped for e in venv.venv.envs]
-        candidates = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(len(envs[0].actions.rules))]
-        actions_now = np.array([best_constant(e, candidates) for e in envs])
+        n_rules = len(envs[0].actions.rules)
+        candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
+        candidates += list(policies)
+        acting = [_Acting(e, best_teacher(e, candidates)) for e in envs]
+    else:
+        acting = [_Acting(e, (level, rule)) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
     for _ in range(-(-steps // n)):
         masks = np.stack(venv.env_method("action_masks"))
-        actions = np.stack([teacher_labels(masks[i : i + 1], *actions_now[i])[0] for i in range(n)])
+        actions = np.stack([acting[i].label(masks[i]) for i in range(n)])
         rows["obs"].append(obs)
         rows["masks"].append(masks)
         rows["actions"].append(actions)
         obs, rewards, dones, _ = venv.step(actions)
         rows["rewards"].append(rewards)
         rows["dones"].append(dones)
-        if teacher == "window_best":
-            for i in np.flatnonzero(dones):  # a new episode (window) began: find its best action
-                actions_now[i] = best_constant(envs[i], candidates)
+        for i in np.flatnonzero(dones):  # a new episode (window) began
+            chosen = best_teacher(envs[i], candidates) if teacher == "window_best" else acting[i].teacher
+            acting[i] = _Acting(envs[i], chosen)
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)
     running = np.zeros(n)

@@ -154,6 +154,7 @@ def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, t
         ),
         ("workloads=[file:/no/such/trace.csv]", ["/no/such/trace.csv", "not found"]),
         ("capacity_criteria=[attain95]", ["attain95", "attain90", "tbt"]),
+        ("split=train", ["split", "'train'", "test, val"]),
     ],
 )
 def test_an_unknown_name_fails_at_once_listing_the_valid_ones(tmp_path, override, expected) -> None:
@@ -207,3 +208,20 @@ def test_capacity_criteria_searches_only_those_named(tmp_path) -> None:
     (row,) = read_csv(tmp_path / "out" / "capacity.csv")
     assert row["capacity_attain90_scale"] == row["capacity_attain90_rps"] == ""
     assert float(row["capacity_tbt_scale"]) > 0 and float(row["capacity_tbt_rps"]) > 0
+
+
+def test_the_val_split_serves_selection_and_its_rows_validate(tmp_path) -> None:
+    common = ["policies=[sarathi_512]", "workloads=[synthetic_azure_conv]", "load_scales=[1.0]", "seeds=[0]"]
+    common += ["cost_model=roofline", "window_s=15", "plots=false", "progress=false"]
+    val = evaluate(*common, "split=val", f"output_dir={tmp_path / 'val'}")
+    test = evaluate(*common, f"output_dir={tmp_path / 'test'}")
+    assert val.returncode == test.returncode == 0, val.stderr[-3000:]
+    (v,) = read_csv(tmp_path / "val" / "results.csv")
+    (t,) = read_csv(tmp_path / "test" / "results.csv")
+    assert (v["split"], t["split"]) == ("val", "test")
+    assert v["offset_s"] != t["offset_s"] and v["config_hash"] != t["config_hash"]
+    assert "(val split)" in (tmp_path / "val" / "leaderboard.md").read_text()
+    again = evaluate(
+        f"validate={tmp_path / 'val' / 'results.csv'}", "progress=false", f"output_dir={tmp_path / 'v'}"
+    )
+    assert again.returncode == 0, again.stderr[-3000:]

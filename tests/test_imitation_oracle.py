@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -9,12 +10,12 @@ from sb3_contrib import MaskablePPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import envs
-from baselines import Sarathi
+from baselines import Adaptive, Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
-from policies.imitation import best_constant, clone, collect, teacher_labels
+from policies.imitation import best_teacher, clone, collect, teacher_labels
 from policies.oracle import oracle_run
 from policies.training import make_env
 
@@ -44,15 +45,14 @@ def venv():
     return v
 
 
-def test_best_constant_is_the_candidate_with_the_highest_attainment(venv):
+def test_best_teacher_is_the_candidate_with_the_highest_attainment(venv):
     venv.reset()
     env = venv.venv.envs[0].unwrapped
-    candidates = [(lv, r) for lv in (2, 4, 6) for r in (0, 1)]
-    chosen = best_constant(env, candidates)
-    scores = {
-        c: env.setup.simulator(env.sim.trace).run(Sarathi(BUDGET_LEVELS[c[0]], env.actions.rule_names[c[1]]))
-        for c in candidates
-    }
+    candidates = [(lv, r) for lv in (2, 4, 6) for r in (0, 1)] + ["adaptive_srpf"]
+    chosen = best_teacher(env, candidates)
+    run = env.setup.simulator(env.sim.trace).run
+    scores = {c: run(Sarathi(BUDGET_LEVELS[c[0]], env.actions.rule_names[c[1]])) for c in candidates[:-1]}
+    scores["adaptive_srpf"] = run(Adaptive(rule="shortest_first"))
     attain = {c: r.metrics["slo_attainment"] for c, r in scores.items()}
     assert attain[chosen] == max(attain.values())
     assert chosen == next(c for c in candidates if attain[c] == max(attain.values())), "ties: the first"
@@ -75,9 +75,34 @@ def test_collect_follows_the_masks_and_clone_learns_the_teacher(venv):
     assert after["agreement"] >= 0.95 > before, (before, after)
 
 
+def test_a_heuristic_teacher_is_labelled_with_the_action_that_gives_its_plan(venv):
+    """window_best with a heuristic as the only candidate: every label reproduces its plan."""
+    data = collect(venv, "window_best", NUM_LEVELS, 0, 300, 0.99, policies=["adaptive_srpf"])
+    rows = np.arange(len(data["actions"]))
+    assert data["masks"][rows, data["actions"][:, 0]].all()
+    assert len({tuple(a) for a in data["actions"]}) > 1, "the heuristic's budget varies with the state"
+    env = gym.make(envs.ENV_ID_V1, **ENV_KW).unwrapped
+    env.reset(seed=4)
+    teacher = Adaptive(rule="shortest_first")
+    teacher.reset(env.sim.core)
+    for _ in range(100):
+        view = env.sim.core.view
+        want = teacher.plan(view)
+        level, rule = env.actions.action_for(view, want)
+        got = env.actions.plan(view, level, rule)
+        assert (got.decode, [(r.rid, k) for r, k in got.chunks]) == (
+            want.decode,
+            [(r.rid, k) for r, k in want.chunks],
+        )
+        if env.step(np.array([level, rule]))[3]:
+            break
+
+
 def test_collect_rejects_an_unknown_teacher(venv):
     with pytest.raises(ValueError, match="teacher 'oracle'"):
         collect(venv, "oracle", 3, 1, 10, 0.99)
+    with pytest.raises(ValueError, match="candidates of window_best"):
+        collect(venv, "constant", 3, 1, 10, 0.99, policies=["adaptive_srpf"])
 
 
 @pytest.fixture(scope="module")
