@@ -17,6 +17,7 @@ exact), ``leaderboard.md`` (also printed), ``buckets.csv`` (per prompt-length bu
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import math
 import sys
@@ -132,7 +133,7 @@ class EvaluateConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
-    results: str | None = None  # a results.csv/json whose leaderboard to render instead of evaluating
+    results: str | None = None  # results.csv/json file(s) (a glob pools them) to render instead of evaluating
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -293,15 +294,22 @@ def draw(
     return images
 
 
-def render(path: str, out: Path) -> str:
-    """The leaderboard of an existing results file (any backend), written to ``out/leaderboard.md``.
+def render(pattern: str, out: Path) -> str:
+    """The leaderboard of existing results files (any backend), written to ``out/leaderboard.md``.
 
+    ``pattern`` is one file or a glob (``DIR/seed*/results.csv``: one engine replay per seed, pooled).
     Rows of another backend than the simulator (``python -m engine.replay``) carry it in their
     policy label, so a policy's real and simulated runs rank side by side instead of pooling.
     """
-    results = pd.DataFrame(read_rows(path)) if path.endswith(".json") else pd.read_csv(path)
+    paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    if not paths:
+        raise ValueError(f"no results file matches {pattern}")
+    results = pd.concat(
+        [pd.DataFrame(read_rows(p)) if p.endswith(".json") else pd.read_csv(p) for p in paths]
+    )
     if results.empty:
-        raise ValueError(f"{path}: holds no rows")
+        raise ValueError(f"{pattern}: holds no rows")
+    results = results.reset_index(drop=True)
     other = results["backend"] != BACKEND
     results.loc[other, "policy"] = results["policy"][other] + " [" + results["backend"][other] + "]"
     board = markdown(results, ranking(results))

@@ -28,7 +28,7 @@ from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.simulator import SimResult
 from envs.serving.specs import from_mapping, load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
-from policies.registry import POLICY_DIR, make_policy
+from policies.registry import POLICY_DIR, make_policy, policy_env_id
 
 BACKEND = "sim"
 TEST_SPLIT = "test"
@@ -246,7 +246,7 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
         "cost_model_source": setup.cost_model.description,
         "slo_spec": json.dumps(dataclasses.asdict(spec.setup.slo), sort_keys=True),
         "serving": spec.setup.serving,
-        "env_version": envs.ENV_ID,
+        "env_version": policy_env_id(spec.policy, envs.ENV_ID),
         "config_hash": spec.config_hash(),
         "git_commit": git_commit(),
     }

@@ -78,7 +78,8 @@ def ranking(results: pd.DataFrame) -> pd.DataFrame:
 
     Columns: workload, load_scale, rank, policy, seeds, goodput_mean, goodput_ci95 (half-width),
     means of slo_attainment, ttft_p99_s, tbt_p99_s, max_tbt_s, and vs_best_sarathi: the mean
-    goodput over the best ``sarathi_*`` policy's mean goodput in the same group (NaN without one).
+    goodput over the best ``sarathi_*`` policy's mean goodput in the same group and backend (a real
+    engine run is compared with real Sarathi runs, not simulated ones; NaN without one).
     """
     out = []
     for (wl, load), group in results.groupby(["workload", "load_scale"], sort=False):
@@ -90,19 +91,22 @@ def ranking(results: pd.DataFrame) -> pd.DataFrame:
                     "workload": wl,
                     "load_scale": load,
                     "policy": policy,
+                    "backend": g["backend"].iloc[0],
                     "seeds": len(g),
                     "goodput_mean": mean,
                     "goodput_ci95": half,
                     **{f"{c}_mean": float(g[c].mean()) for c in MEAN_COLUMNS},
                 }
             )
-        best = max(
-            (p["goodput_mean"] for p in per if p["policy"].startswith(SARATHI_PREFIX)), default=math.nan
-        )
+        best: dict[str, float] = {}
+        for p in per:
+            if p["policy"].startswith(SARATHI_PREFIX):
+                best[p["backend"]] = max(best.get(p["backend"], -math.inf), p["goodput_mean"])
         per.sort(key=lambda p: (-p["goodput_mean"], p["policy"]))
         for rank, p in enumerate(per, 1):
             p["rank"] = rank
-            p["vs_best_sarathi"] = p["goodput_mean"] / best if best > 0 else math.nan
+            b = best.get(p["backend"], math.nan)
+            p["vs_best_sarathi"] = p["goodput_mean"] / b if b > 0 else math.nan
         out += per
     return pd.DataFrame(out)
 
@@ -129,7 +133,7 @@ def markdown(results: pd.DataFrame, ranked: pd.DataFrame, capacity: pd.DataFrame
         "",
         f"{first['model']} on {first['tp']} x {first['hardware']}, SLO `{first['slo']}`, cost model "
         f"`{first['cost_model']}`, backend `{first['backend']}`; seeds {', '.join(map(str, seeds))}; "
-        f"{first['env_version']}, commit `{first['git_commit']}`.",
+        f"env {', '.join(sorted(results['env_version'].unique()))}, commit `{first['git_commit']}`.",
         "",
         "Goodput: requests meeting their SLO per second of the window's arrivals, mean over seeds "
         "± the 95% confidence half-width (Student's t). *vs best sarathi*: mean goodput over the "

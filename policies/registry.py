@@ -8,6 +8,7 @@ CPU engine).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -30,11 +31,28 @@ def policy_names() -> list[str]:
     return sorted(p.stem for p in POLICY_DIR.glob("*.yaml")) + shipped_names()
 
 
+def exported_dir(name: str) -> Path | None:
+    """The export directory ``name`` stands for (a shipped artefact or ``learned:PATH``), else None."""
+    if name in shipped_names():
+        return ARTIFACTS_DIR / name
+    if name.startswith("learned:"):
+        return Path(resolve_path(name.split(":", 1)[1]))
+    return None
+
+
+def policy_env_id(name: str, default: str) -> str:
+    """The env an exported policy was trained in (its manifest's ``env_id``); ``default`` otherwise."""
+    directory = exported_dir(name)
+    if directory is None or not (directory / "policy.json").is_file():
+        return default
+    return str(json.loads((directory / "policy.json").read_text())["env_id"])
+
+
 def make_policy(name: str) -> Policy:
     """A new policy object for ``name``; unknown names fail with the list of valid ones."""
-    if name in shipped_names() or name.startswith("learned:"):
-        path = ARTIFACTS_DIR / name if ":" not in name else resolve_path(name.split(":", 1)[1])
-        if not Path(path).is_dir():
+    path = exported_dir(name)
+    if path is not None:
+        if not path.is_dir():
             raise ValueError(f"policy {name!r}: no exported policy directory at {path}")
         from policies.exported import load_policy
 

@@ -110,3 +110,14 @@ def test_a_tracker_failure_never_fails_the_evaluation(monkeypatch, tmp_path) -> 
     assert upload("disabled", "p", None, None, [], {}, {}, [], tmp_path) is False
     with pytest.raises(ValueError, match="logger.mode"):
         upload("sometimes", "p", None, None, [], {}, {}, [], tmp_path)
+
+
+def test_env_version_is_the_env_a_learned_policy_was_trained_in() -> None:
+    import envs
+
+    rows = {
+        p: run_row(RunSpec(p, "synthetic_azure_conv", 1.0, 0, SETUP, window_s=10.0)).row
+        for p in ("sarathi_512", "learned")
+    }
+    assert rows["sarathi_512"]["env_version"] == envs.ENV_ID
+    assert rows["learned"]["env_version"] == envs.ENV_ID_V1

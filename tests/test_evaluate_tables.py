@@ -121,6 +121,16 @@ def test_ranking_orders_by_mean_goodput_and_divides_by_the_best_sarathi() -> Non
     assert high.loc["fcfs", "rank"] == 1 and high.loc["fcfs", "vs_best_sarathi"] == 2.0
 
 
+def test_engine_rows_are_compared_with_engine_sarathi_runs() -> None:
+    sim = frame({"sarathi_512": [2.0, 2.0], "learned": [3.0, 3.0]})
+    real = frame({"sarathi_512 [engine]": [1.0, 1.0], "learned [engine]": [1.5, 1.5]})
+    real["backend"] = "engine"
+    ranked = ranking(pd.concat([sim, real])).set_index("policy")
+    assert ranked.loc["learned", "vs_best_sarathi"] == 1.5
+    assert ranked.loc["learned [engine]", "vs_best_sarathi"] == 1.5, "engine over engine, not over sim"
+    assert ranked.loc["sarathi_512 [engine]", "vs_best_sarathi"] == 1.0
+
+
 def test_ratio_is_blank_without_a_sarathi_policy() -> None:
     results = frame({"fcfs": [1.0, 2.0], "adaptive": [3.0, 3.0]})
     ranked = ranking(results)

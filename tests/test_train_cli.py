@@ -167,3 +167,25 @@ def test_evaluation_uses_fixed_val_windows_only():
         test = workload.window("test", seed, cfg.eval.load_scale, cfg.eval.window_s)
         assert trace.arrival_s.tolist() == val.arrival_s.tolist()
         assert trace.prompt_len.tolist() != test.prompt_len.tolist()
+
+
+def test_behaviour_cloning_warm_start_with_a_heuristic_teacher(tmp_path):
+    """train.py with the shipped recipe's warm start, tiny: clone, evaluate at step 0, then PPO."""
+    run_dir = tmp_path / "bc"
+    bc = ["env.id=chunkgym/ChunkedPrefill-v1", "algo.bc_teacher=window_best", "algo.bc_action=[7,0]"]
+    bc += ["algo.bc_policies=[adaptive_srpf]", "algo.bc_steps=256", "algo.bc_epochs=2"]
+    proc = train(*TINY, *bc, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "behaviour cloning (window_best) on 256 samples" in (run_dir / "train.log").read_text()
+    history = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines()]
+    assert history[0]["timesteps"] == 0, "the cloned policy is evaluated before PPO starts"
+    assert _last_json(proc.stdout)["timesteps"] == 256
+
+    bad = train(
+        *TINY,
+        *bc[:-3],
+        "algo.bc_policies=[no_such_policy]",
+        "algo.bc_steps=64",
+        f"hydra.run.dir={tmp_path / 'x'}",
+    )
+    assert bad.returncode != 0 and "no_such_policy" in bad.stderr
