@@ -218,16 +218,12 @@ class Engine:
         iteration's latency runs from there to the end of its forward pass, so it includes the
         scheduler's own work, and latencies tile the busy time with no gaps.
         """
-        core = self.core
-        core.prepare()
-        while not core.has_work():
-            t = core.next_arrival_time()
-            if math.isinf(t):
-                return False
-            self.clock.sleep_until(t)
-            core.now = max(t, self.clock.now())
-            core.prepare()
-        return True
+        return self.core.advance_to_work(self._wait_until)
+
+    def _wait_until(self, t: float) -> float:
+        """Sleep until trace time ``t``; the clock may overshoot it, never undershoot."""
+        self.clock.sleep_until(t)
+        return max(t, self.clock.now())
 
     def step(self, plan: Plan) -> float:
         """Run one iteration of ``plan`` on the model; returns its latency in seconds."""

@@ -18,12 +18,7 @@ from tests.simtools import make_trace
 POLICIES = ("sarathi_512", "sarathi_128", "fcfs", "fixed_chunk_512", "adaptive")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

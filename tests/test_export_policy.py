@@ -29,13 +29,7 @@ CASES = [("maskable_ppo", envs.ENV_ID), ("ppo", envs.ENV_ID), ("maskable_ppo", e
 N_OBS = 1200
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny networks: extra threads only add synchronisation (and stall on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train(algo, env_id: str, steps: int = 1024):

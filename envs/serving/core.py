@@ -265,6 +265,19 @@ class ServingCore:
     def done(self) -> bool:
         return not self.has_work() and self.next_arrival >= len(self.requests)
 
+    def advance_to_work(self, wait_until: Callable[[float], float]) -> bool:
+        """Admit arrivals; when idle, let ``wait_until(t)`` move time to the next arrival ``t`` (it
+        returns the time it is then: ``t`` on a virtual clock, possibly later on a wall clock).
+        False once the trace is done. Shared by the simulator and the real engine."""
+        self.prepare()
+        while not self.has_work():
+            t = self.next_arrival_time()
+            if math.isinf(t):
+                return False
+            self.now = wait_until(t)
+            self.prepare()
+        return True
+
     def prepare(self) -> None:
         """Admit arrivals up to now and make room for the decodes' next step."""
         self.admit_arrivals()

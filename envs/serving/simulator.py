@@ -125,15 +125,7 @@ class Simulator:
     # ---- stepping ------------------------------------------------------------------------
     def advance_to_work(self) -> bool:
         """Admit arrivals, jumping an idle clock to the next one; False once the trace is done."""
-        core = self.core
-        core.prepare()
-        while not core.has_work():
-            t = core.next_arrival_time()
-            if math.isinf(t):
-                return False
-            core.now = t
-            core.prepare()
-        return True
+        return self.core.advance_to_work(_jump)
 
     def step(self, plan: Plan) -> float:
         """Run one iteration of ``plan``; returns its latency in seconds."""
@@ -260,3 +252,8 @@ def iteration_summary(it: dict[str, np.ndarray], kv_total: int, out: RequestOutc
         "prefill_token_share": float(np.mean(it["prefill_tokens"] / np.maximum(tokens, 1))),
         "kv_util_mean": float(np.mean(it["kv_used"]) / kv_total),
     }
+
+
+def _jump(t: float) -> float:
+    """The virtual clock reaches the next arrival at once."""
+    return t
