@@ -128,9 +128,9 @@ def collect(
         obs, rewards, dones, _ = venv.step(actions)
         rows["rewards"].append(rewards)
         rows["dones"].append(dones)
-        for i in np.flatnonzero(dones):  # a new episode (window) began
-            chosen = best_teacher(envs[i], candidates) if teacher == "window_best" else acting[i].teacher
-            acting[i] = _Acting(envs[i], chosen)
+        if teacher == "window_best":
+            for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
+                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates))
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)
     running = np.zeros(n)
