@@ -32,10 +32,15 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from chunkgym import REPO_ROOT
+from chunkgym.cli import precheck
+from chunkgym.config import ConfigError, Rule, prefixed, schema, to_object
+from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
 from envs.serving.metrics import SLOSpec
-from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL
+from envs.serving.setup import SERVING_RULES, SLO_RULES
+from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
 from leaderboard.parallel import default_jobs, parallel_map
@@ -46,15 +51,13 @@ from leaderboard.runs import (
     CapacityJob,
     RowResult,
     RunSpec,
-    Setup,
+    SetupKey,
     cached_workload,
     run_capacity,
     run_row,
     simulate,
 )
 from leaderboard.tables import markdown, ranking, read_rows, write_csv, write_json
-from leaderboard.tracking import MODES as LOGGER_MODES
-from leaderboard.tracking import upload
 from leaderboard.validate import validate
 from policies.registry import make_policy, policy_names
 
@@ -69,33 +72,6 @@ SHOWCASE_POLICIES = ("fcfs", "sarathi_512")
 
 
 # ---- configuration ---------------------------------------------------------------------------
-def _mutable_schema(cls: type) -> type:
-    """``cls``'s fields as a plain dataclass: OmegaConf makes frozen-dataclass nodes read-only, and
-    the ``slo`` config group must fill this one (unknown keys and wrong types still fail)."""
-    hints = typing.get_type_hints(cls)
-    return dataclasses.make_dataclass(
-        f"{cls.__name__}Config",
-        [
-            (f.name, hints[f.name], field(default=MISSING if f.default is dataclasses.MISSING else f.default))
-            for f in dataclasses.fields(cls)
-        ],
-    )
-
-
-SLOConfig = _mutable_schema(SLOSpec)
-
-
-@dataclass
-class LoggerConfig:
-    """W&B upload of the leaderboard table and plots: ``mode`` online, offline or disabled."""
-
-    mode: str = "disabled"
-    project: str = "chunkgym"
-    entity: str | None = None
-    name: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-
 @dataclass
 class ShowcaseConfig:
     """The window of the timeline and batch-composition plots; null: the grid's first workload, load, seed."""
@@ -113,9 +89,9 @@ class EvaluateConfig:
     workloads: list[str] = MISSING  # conf/workload names or file:PATH
     load_scales: list[float] = MISSING  # arrival-rate multipliers
     seeds: list[int] = MISSING  # one test window (or arrival draw) per seed
-    slo: SLOConfig = field(default_factory=SLOConfig)  # config group conf/slo
-    model: str = DEFAULT_MODEL  # conf/model name
-    hardware: str = DEFAULT_HARDWARE  # conf/hardware name
+    slo: SLOSpec = MISSING  # config group conf/slo
+    model: ModelSpec = MISSING  # config group conf/model (named files only: rows record the name)
+    hardware: HardwareSpec = MISSING  # config group conf/hardware (named files only)
     tp: int = 1  # tensor-parallel degree
     cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
     serving: ServingConfig = field(default_factory=ServingConfig)  # engine settings
@@ -130,25 +106,32 @@ class EvaluateConfig:
     progress: bool = True  # progress bar on stderr
     plots: bool = True  # write the PNG plots
     showcase: ShowcaseConfig = field(default_factory=ShowcaseConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    logger: LoggerConfig = MISSING  # config group conf/logger
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
     results: str | None = None  # results.csv/json file(s) (a glob pools them) to render instead of evaluating
 
 
-ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+RULES: dict[str, Rule] = {
+    **prefixed("slo", SLO_RULES),
+    **prefixed("serving", SERVING_RULES),
+    "capacity_rel_tol": Rule(lambda v: 0 < v < 1, "a relative tolerance in (0, 1)"),
+}
+"""Ranges checked before anything runs (types are Hydra's; names and lists are checked by :func:`grid`)."""
+
+ConfigStore.instance().store(name="evaluate_schema", node=schema(EvaluateConfig))
 
 
 # ---- the grid ------------------------------------------------------------------------------
 @dataclass
-class Plan:
+class Grid:
     """The checked grid: its rows in (workload, load, policy, seed) order, and the showcase runs."""
 
     specs: list[RunSpec]
     showcase: list[RunSpec]
 
 
-def plan(conf: EvaluateConfig) -> Plan:
+def grid_of(conf: EvaluateConfig) -> Grid:
     """Resolve and check every name and value up front, so a typo fails before any simulation."""
     policies = _unique("policies", _resolve_policies(conf.policies))
     workloads = _unique("workloads", conf.workloads)
@@ -163,17 +146,11 @@ def plan(conf: EvaluateConfig) -> Plan:
         raise ValueError(f"unknown capacity_criteria {unknown}; valid: {', '.join(CRITERIA)}")
     if conf.split not in REPORT_SPLITS:
         raise ValueError(f"split must be one of {', '.join(REPORT_SPLITS)}, got {conf.split!r}")
-    if conf.logger.mode not in LOGGER_MODES:
-        raise ValueError(f"logger.mode must be one of {', '.join(LOGGER_MODES)}, got {conf.logger.mode!r}")
     if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
         raise ValueError(f"window_s must be a positive number of seconds or null, got {conf.window_s}")
-    setup = Setup.create(
-        conf.model,
-        conf.hardware,
-        conf.tp,
-        SLOSpec(**dataclasses.asdict(conf.slo)),
-        conf.cost_model,
-        conf.serving,
+    check_named(conf)
+    setup = SetupKey.create(
+        conf.model.name, conf.hardware.name, conf.tp, conf.slo, conf.cost_model, conf.serving
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
     specs = [
@@ -189,7 +166,24 @@ def plan(conf: EvaluateConfig) -> Plan:
         loads[0] if show.load_scale is None else show.load_scale,
         seeds[0] if show.seed is None else check_seed(show.seed),
     )
-    return Plan(specs, [RunSpec(p, *window, setup, conf.window_s, conf.split) for p in SHOWCASE_POLICIES])
+    return Grid(specs, [RunSpec(p, *window, setup, conf.window_s, conf.split) for p in SHOWCASE_POLICIES])
+
+
+def check_named(conf: EvaluateConfig) -> None:
+    """Rows record the model and hardware by name, so a field overridden on the command line is refused."""
+    _check_named(conf.model, load_model, "model")
+    _check_named(conf.hardware, load_hardware, "hardware")
+
+
+def _check_named(spec: ModelSpec | HardwareSpec, load: typing.Callable[[str], typing.Any], key: str) -> None:
+    named = load(spec.name)
+    changed = [f"{key}.{f.name}={getattr(spec, f.name)!r}" for f in dataclasses.fields(spec)
+               if getattr(spec, f.name) != getattr(named, f.name)]  # fmt: skip
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)}: evaluate.py runs the named files of conf/{key} only; "
+            f"add a conf/{key}/NAME.yaml and select it with {key}=NAME"
+        )
 
 
 def _resolve_policies(names: list[str]) -> list[str]:
@@ -227,7 +221,7 @@ def _unique(key: str, values: list) -> list:
 
 
 # ---- evaluation ----------------------------------------------------------------------------
-def evaluate(conf: EvaluateConfig, grid: Plan, out: Path) -> None:
+def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
     """Run the grid, write every file under ``out``, print the leaderboard, upload if a logger is on."""
     start = time.perf_counter()
     n_jobs = conf.n_jobs or default_jobs()
@@ -243,9 +237,8 @@ def evaluate(conf: EvaluateConfig, grid: Plan, out: Path) -> None:
     images = draw(grid, results, done, ranked, out) if conf.plots else []
     print(board, flush=True)
     tables = {"leaderboard": ranked, **({"capacity": capacity} if capacity is not None else {})}
-    lc = conf.logger
-    config = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True)
-    upload(lc.mode, lc.project, lc.entity, lc.name, lc.tags, config, tables, images, out)
+    config = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True, enum_to_str=True)
+    upload(conf.logger, config, tables, images, out)
     log.info("evaluated %d rows in %.1f s; files in %s", len(grid.specs), time.perf_counter() - start, out)
 
 
@@ -270,7 +263,7 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
 
 
 def draw(
-    grid: Plan, results: pd.DataFrame, done: list[RowResult], ranked: pd.DataFrame, out: Path
+    grid: Grid, results: pd.DataFrame, done: list[RowResult], ranked: pd.DataFrame, out: Path
 ) -> list[Path]:
     """Every plot; the timeline and composition plots simulate the showcase pair on one window."""
     from leaderboard import plots  # matplotlib takes ~0.3 s to import: not for runs that fail early
@@ -321,7 +314,10 @@ def render(pattern: str, out: Path) -> str:
 # ---- entry point ---------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    conf: EvaluateConfig = OmegaConf.to_object(cfg)
+    try:
+        conf = to_object(cfg, EvaluateConfig, "", RULES)
+    except ConfigError as exc:
+        raise SystemExit(f"evaluate.py: error: {exc}") from None
     if conf.validate:
         try:
             rows, problems = validate(conf.validate, conf.n_jobs, conf.progress)
@@ -348,11 +344,14 @@ def main(cfg: DictConfig) -> None:
             raise SystemExit(f"evaluate.py: error: {conf.results}: {exc}") from exc
         return
     try:
-        grid = plan(conf)
+        grid = grid_of(conf)
     except (ValueError, FileNotFoundError) as exc:  # a bad name, value or file: the message says which
         raise SystemExit(f"evaluate.py: error: {exc}") from exc
     evaluate(conf, grid, Path(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":
+    precheck(
+        str(REPO_ROOT / "conf"), "evaluate", EvaluateConfig, RULES, check_named
+    )  # bad overrides: one line
     main()

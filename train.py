@@ -22,16 +22,20 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from stable_baselines3.common.callbacks import CallbackList
 
+from chunkgym import REPO_ROOT
+from chunkgym.cli import precheck
+from chunkgym.config import ConfigError
 from chunkgym.provenance import config_hash, git_commit
+from chunkgym.tracking import TrainingTracker
 from envs.serving.workload import Workload
 from policies import imitation, training
-from policies.config import plain, register_configs, to_train_config
+from policies.config import RULES, TrainConfig, plain, register_configs, to_train_config
 from policies.export import write_export
 from policies.registry import make_policy
-from policies.tracking import close_logger, make_logger
 
 log = logging.getLogger("train")
 register_configs()
@@ -41,9 +45,13 @@ register_configs()
 def main(dcfg: DictConfig) -> None:
     started = time.perf_counter()
     # ---- config and run folder ------------------------------------------------------------
-    cfg = to_train_config(dcfg)
+    try:
+        cfg = to_train_config(dcfg)
+    except ConfigError as exc:  # a value out of range: one line naming the key, before any work
+        raise SystemExit(f"train.py: error: {exc}") from None
     config = plain(dcfg)
-    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
     torch.set_num_threads(cfg.torch_threads)
     previous = training.prepare_run_dir(run_dir, config, cfg.resume)  # checkpoints to resume from
     chash, commit = config_hash(training.identity(config)), git_commit()
@@ -51,10 +59,15 @@ def main(dcfg: DictConfig) -> None:
     setup = training.serving_setup(cfg)
     spec = training.env_spec(cfg, setup)
     (run_dir / "env_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg.workload.name}__{cfg.algo.name.value}__{cfg.seed}__{stamp}"
-    logger = make_logger(
-        cfg.logger, run_dir, name, {**config, "git_commit": commit, "config_hash": chash, "env_spec": spec}
+    exp = cfg.logger.name or f"{cfg.workload.name}_{cfg.algo.name.value}"
+    name = f"{cfg.env.id}__{exp}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
+    tracker = TrainingTracker(
+        cfg.logger,
+        run_dir,
+        name,
+        {**config, "git_commit": commit, "config_hash": chash, "env_spec": spec},
+        cfg.logger.group or sweep,
     )
 
     # ---- envs --------------------------------------------------------------------------------
@@ -64,7 +77,7 @@ def main(dcfg: DictConfig) -> None:
 
     # ---- model -------------------------------------------------------------------------------
     model = training.load_model(cfg, previous[-1], venv) if previous else training.new_model(cfg, venv)
-    model.set_logger(logger)
+    model.set_logger(tracker.logger)
     start_steps = model.num_timesteps
     if previous:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
@@ -118,6 +131,7 @@ def main(dcfg: DictConfig) -> None:
     }
     export_dir = run_dir / "export"
     write_export(training.best_policy_net(cfg, run_dir), cfg.env.id, export_dir, provenance)
+    tracker.log_model(export_dir, provenance)
     venv.close()
 
     # ---- summary: the trained policy beside the baseline on the same val windows -------------
@@ -140,7 +154,7 @@ def main(dcfg: DictConfig) -> None:
         "git_commit": commit,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    close_logger(logger, summary)
+    tracker.close(summary)
     log.info(
         "val goodput (%d windows, load %.2f): trained policy %.3f rps, %s %.3f rps",
         len(windows.traces),
@@ -153,4 +167,5 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    precheck(str(REPO_ROOT / "conf"), "train", TrainConfig, RULES)  # bad overrides: one line, no run folder
     main()

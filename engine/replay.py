@@ -46,7 +46,7 @@ from envs.serving.setup import serving_config
 from envs.serving.simulator import SimResult
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.workloads.trace import Trace
-from leaderboard.runs import RowResult, RunSpec, Setup, result_row
+from leaderboard.runs import RowResult, RunSpec, SetupKey, result_row
 from leaderboard.tables import write_csv, write_json
 from policies.registry import make_policy
 
@@ -129,7 +129,7 @@ def workload_label(conf: ReplayConfig) -> str:
 
 
 def run_spec(conf: ReplayConfig, policy: str) -> RunSpec:
-    setup = Setup.create(conf.model, conf.hardware, 1, load_slo(conf.slo), conf.cost_model, conf.serving)
+    setup = SetupKey.create(conf.model, conf.hardware, 1, load_slo(conf.slo), conf.cost_model, conf.serving)
     return RunSpec(policy, conf.workload, conf.load_scale, conf.seed, setup, conf.window_s)
 
 

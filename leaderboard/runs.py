@@ -20,13 +20,14 @@ import numpy as np
 import yaml
 
 import envs
+from chunkgym.config import from_mapping
 from chunkgym.provenance import config_hash, git_commit
 from envs.serving.capacity import measure_capacity
 from envs.serving.core import ServingConfig
 from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.simulator import SimResult
-from envs.serving.specs import from_mapping, load_hardware, load_model
+from envs.serving.specs import load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
 from policies.registry import POLICY_DIR, make_policy, policy_env_id
 
@@ -40,8 +41,8 @@ TBT_PROBS = np.concatenate([np.linspace(0.0, 0.9, 91), 1.0 - np.logspace(-1, -5,
 
 
 @dataclass(frozen=True)
-class Setup:
-    """The serving setup shared by a run's rows, hashable (``serving``: canonical JSON of ServingConfig)."""
+class SetupKey:
+    """A run's serving setup by name, hashable (``serving``: canonical JSON of ServingConfig); :meth:`build` makes it."""
 
     model: str
     hardware: str
@@ -59,7 +60,7 @@ class Setup:
         slo: SLOSpec,
         cost_model: str,
         serving: ServingConfig | Mapping[str, Any] | None = None,
-    ) -> Setup:
+    ) -> SetupKey:
         config = serving_config(dict(serving) if isinstance(serving, Mapping) else serving)
         return cls(
             model, hardware, tp, slo, cost_model, json.dumps(dataclasses.asdict(config), sort_keys=True)
@@ -71,7 +72,7 @@ class Setup:
 
 
 @functools.lru_cache(maxsize=8)
-def _serving_setup(setup: Setup) -> ServingSetup:
+def _serving_setup(setup: SetupKey) -> ServingSetup:
     return ServingSetup.from_specs(
         load_model(setup.model),
         load_hardware(setup.hardware),
@@ -101,7 +102,7 @@ class RunSpec:
     workload: str
     load_scale: float
     seed: int
-    setup: Setup
+    setup: SetupKey
     window_s: float | None = None
     data_split: str = TEST_SPLIT
 
@@ -173,7 +174,7 @@ class RunSpec:
         names = get("model"), get("hardware"), get("tp", int), slo, get("cost_model")
         serving = get("serving", dict)
         try:
-            setup = Setup.create(*names, serving)
+            setup = SetupKey.create(*names, serving)
         except ValueError as exc:
             raise ValueError(f"column serving: {exc}") from exc
         window = None if row.get("window_s") in (None, "") else get("window_s", float)

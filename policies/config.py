@@ -4,13 +4,13 @@ The primary config ``conf/train.yaml`` starts from this schema, so every group Y
 (``hardware``, ``model``, ``workload``, ``slo``, ``algo``, ``logger``) and every
 command-line override is checked against a dataclass before anything runs: an
 unknown key, a wrong type or an unknown enum value fails in Hydra with the key's
-full name.  The serving specs are the library's own dataclasses (not copies), so a
-config that composes is one the env accepts.
+full name, and a value out of range (:data:`RULES`) fails in :func:`to_train_config`
+with a one-line :class:`~chunkgym.config.ConfigError`.  The serving specs are the
+library's own dataclasses (not copies), so a config that composes is one the env accepts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -18,9 +18,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from chunkgym.config import AT_LEAST_ONE, NON_EMPTY, Rule, prefixed, schema, to_object
+from chunkgym.tracking import LoggerConfig
 from envs.serving.core import ServingConfig
 from envs.serving.metrics import SLOSpec
-from envs.serving.specs import HardwareSpec, ModelSpec
+from envs.serving.setup import SERVING_RULES, SLO_RULES
+from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
 from envs.serving.workload import WorkloadSpec
 
 SCHEMA_NAME = "train_schema"
@@ -51,13 +54,6 @@ class Schedule(Choice):
 class Activation(Choice):
     tanh = "tanh"
     relu = "relu"
-
-
-class TrackerMode(Choice):
-    auto = "auto"  # $WANDB_MODE if set, else online with WANDB_API_KEY, else offline
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
 
 
 @dataclass
@@ -133,18 +129,6 @@ class CheckpointConfig:
 
 
 @dataclass
-class LoggerConfig:
-    """Weights & Biases (failures never stop training) and TensorBoard."""
-
-    mode: TrackerMode = TrackerMode.auto
-    project: str = "chunkgym"
-    entity: str | None = None
-    group: str | None = None
-    tags: list[str] = field(default_factory=list)
-    tensorboard: bool = True
-
-
-@dataclass
 class TrainConfig:
     """Everything one training run needs; ``OmegaConf.to_object`` of the composed config."""
 
@@ -165,23 +149,9 @@ class TrainConfig:
     progress: bool = True
 
 
-def schema() -> DictConfig:
-    """:class:`TrainConfig` as a typed node.
-
-    ``HardwareSpec``, ``ModelSpec`` and ``SLOSpec`` are frozen dataclasses, which
-    OmegaConf turns into read-only nodes that group YAMLs could not be merged into;
-    their nodes are made writable here and keep their types, so validation stays.
-    """
-    node = OmegaConf.structured(TrainConfig)
-    for key, spec in (("hardware", HardwareSpec), ("model", ModelSpec), ("slo", SLOSpec)):
-        node[key] = OmegaConf.structured(spec)
-        OmegaConf.set_readonly(node[key], False)
-    return node
-
-
 def register_configs() -> None:
     """Store the schema so that ``conf/train.yaml`` can list it first in its defaults."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema())
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema(TrainConfig))
 
 
 def plain(cfg: DictConfig) -> dict[str, Any]:
@@ -189,25 +159,22 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
-def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
-    """Keys that a ``+key=value`` override added to a typed node (Hydra lets ``+`` bypass the schema)."""
-    kind = OmegaConf.get_type(node)
-    names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set(node.keys())
-    out = []
-    for key in node.keys():
-        if key not in names:
-            out.append(f"{prefix}{key}")
-        elif not OmegaConf.is_missing(node, key) and OmegaConf.is_dict(node[key]):
-            out += unknown_keys(node[key], f"{prefix}{key}.")
-    return out
+RULES: dict[str, Rule] = {
+    **prefixed("hardware", HARDWARE_RULES),
+    **prefixed("model", MODEL_RULES),
+    **prefixed("slo", SLO_RULES),
+    **prefixed("serving", SERVING_RULES),
+    "env.tp": AT_LEAST_ONE,
+    "algo.n_envs": AT_LEAST_ONE,
+    "algo.n_steps": AT_LEAST_ONE,
+    "algo.batch_size": AT_LEAST_ONE,
+    "algo.total_timesteps": AT_LEAST_ONE,
+    "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
+    "eval.seeds": NON_EMPTY,
+}
+"""Ranges checked before train.py creates its run folder (types are Hydra's)."""
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``)."""
-    extra = unknown_keys(cfg)
-    if extra:
-        raise ValueError(f"unknown config key(s) {extra}: not in the schema ({__name__}.TrainConfig)")
-    out = OmegaConf.to_object(cfg)
-    if not isinstance(out, TrainConfig):
-        raise TypeError(f"expected a config composed from {SCHEMA_NAME!r}, got {type(out).__name__}")
-    return out
+    """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``), check :data:`RULES`."""
+    return to_object(cfg, TrainConfig, "", RULES)

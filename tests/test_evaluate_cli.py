@@ -225,3 +225,53 @@ def test_the_val_split_serves_selection_and_its_rows_validate(tmp_path) -> None:
         f"validate={tmp_path / 'val' / 'results.csv'}", "progress=false", f"output_dir={tmp_path / 'v'}"
     )
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("+unknown=1", "unknown config key(s) ['unknown']"),
+        ("serving.max_num_seqs=0", "serving.max_num_seqs=0: must be an integer >= 1"),
+        ("serving.lookahead=0", "serving.lookahead=0: must be an integer >= 1"),
+        ("serving.block_size=-16", "serving.block_size=-16: must be an integer >= 1"),
+        ("serving.max_model_len=-1", "serving.max_model_len=-1: must be an integer >= 0"),
+        (
+            "serving.activation_reserve_gib=nan",
+            "serving.activation_reserve_gib=nan: must be a finite number >= 0",
+        ),
+        ("slo.tpot_multiplier=inf", "slo.tpot_multiplier=inf: must be a positive finite number"),
+        ("slo.ttft_base_s=0", "slo.ttft_base_s=0.0: must be a positive finite number"),
+        ("slo.stall_factor=-5", "slo.stall_factor=-5.0: must be a positive finite number"),
+        ("capacity_rel_tol=0", "capacity_rel_tol=0.0: must be a relative tolerance in (0, 1)"),
+        ("capacity_rel_tol=1.5", "capacity_rel_tol=1.5: must be a relative tolerance in (0, 1)"),
+        ("serving.lookahead=many", "Error merging override serving.lookahead=many: Value 'many'"),
+        ("hardware=h300", "Could not find 'hardware/h300' Available options in 'hardware': a100_80gb"),
+        ("model.num_layers=4", "model.num_layers=4: evaluate.py runs the named files of conf/model only"),
+    ],
+)
+def test_a_bad_value_fails_up_front_in_one_line_naming_key_and_value(tmp_path, override, line) -> None:
+    proc = evaluate(override, f"output_dir={tmp_path}")
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == f"evaluate.py: error: {proc.stderr.strip().split('error: ', 1)[1]}"
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert line in proc.stderr, proc.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_hardware_and_model_are_chosen_by_name(tmp_path) -> None:
+    proc = evaluate(
+        "hardware=h100_80gb",
+        "model=llama2_7b",
+        "policies=[sarathi_512]",
+        "workloads=[synthetic_azure_conv]",
+        "load_scales=[1.0]",
+        "seeds=[0]",
+        "cost_model=roofline",
+        "window_s=10",
+        "plots=false",
+        "progress=false",
+        f"output_dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = read_csv(tmp_path / "results.csv")
+    assert (row["hardware"], row["model"]) == ("h100_80gb", "llama2_7b")

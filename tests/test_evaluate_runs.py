@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from baselines import PrefillFirst, Sarathi
+from chunkgym.tracking import LoggerConfig, TrackerMode, upload
 from envs.serving.metrics import load_slo
 from leaderboard.parallel import JobError, parallel_map
 from leaderboard.plots import find_stall, prefill_span
-from leaderboard.runs import RunSpec, Setup, run_row
-from leaderboard.tracking import upload
+from leaderboard.runs import RunSpec, SetupKey, run_row
 from tests.simtools import make_sim, make_trace
 
-SETUP = Setup.create("llama3_8b", "a100_80gb", 1, load_slo("strict"), "roofline")
+SETUP = SetupKey.create("llama3_8b", "a100_80gb", 1, load_slo("strict"), "roofline")
 
 
 def specs() -> list[RunSpec]:
@@ -106,10 +106,8 @@ def test_a_tracker_failure_never_fails_the_evaluation(monkeypatch, tmp_path) -> 
         raise ConnectionError("no network")
 
     monkeypatch.setattr(wandb, "init", refuse)
-    assert upload("offline", "p", None, None, [], {}, {}, [], tmp_path) is False
-    assert upload("disabled", "p", None, None, [], {}, {}, [], tmp_path) is False
-    with pytest.raises(ValueError, match="logger.mode"):
-        upload("sometimes", "p", None, None, [], {}, {}, [], tmp_path)
+    assert upload(LoggerConfig(mode=TrackerMode.offline), {}, {}, [], tmp_path) is False
+    assert upload(LoggerConfig(mode=TrackerMode.disabled), {}, {}, [], tmp_path) is False
 
 
 def test_env_version_is_the_env_a_learned_policy_was_trained_in() -> None:

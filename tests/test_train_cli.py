@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from chunkgym import REPO_ROOT
+from chunkgym.config import ConfigError
 from policies.config import TrainConfig, plain, register_configs, to_train_config
 from policies.exported import load_policy
 from policies.training import prepare_run_dir
@@ -80,8 +81,52 @@ def test_wrong_overrides_fail_in_hydra(override, message):
 
 
 def test_keys_appended_with_plus_are_rejected_too():
-    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['algo.no_such_key'\]"):
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['algo.no_such_key'\]"):
         to_train_config(compose_train(["+algo.no_such_key=1"]))
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("serving.max_num_seqs=0", "serving.max_num_seqs=0: must be an integer >= 1"),
+        ("serving.lookahead=-1", "serving.lookahead=-1: must be an integer >= 1"),
+        ("serving.block_size=0", "serving.block_size=0: must be an integer >= 1"),
+        ("serving.max_model_len=-8", "serving.max_model_len=-8: must be an integer >= 0"),
+        (
+            "serving.activation_reserve_gib=-1",
+            "serving.activation_reserve_gib=-1.0: must be a finite number >= 0",
+        ),
+        ("slo.tpot_multiplier=0", "slo.tpot_multiplier=0.0: must be a positive finite number"),
+        ("slo.ttft_base_s=inf", "slo.ttft_base_s=inf: must be a positive finite number"),
+        ("slo.ttft_factor=nan", "slo.ttft_factor=nan: must be a positive finite number"),
+        ("algo.n_envs=0", "algo.n_envs=0: must be an integer >= 1"),
+        ("algo.n_steps=0", "algo.n_steps=0: must be an integer >= 1"),
+        ("algo.batch_size=-64", "algo.batch_size=-64: must be an integer >= 1"),
+        ("algo.total_timesteps=0", "algo.total_timesteps=0: must be an integer >= 1"),
+        ("algo.bc_steps=-1", "algo.bc_steps=-1: must be an integer >= 0"),
+        ("eval.seeds=[]", "eval.seeds=[]: must be a non-empty list"),
+    ],
+)
+def test_a_value_out_of_range_is_named_in_one_line(override, line):
+    with pytest.raises(ConfigError) as info:
+        to_train_config(compose_train([override]))
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("algo.n_envs=0", "train.py: error: algo.n_envs=0: must be an integer >= 1"),
+        ("+unknown=1", "train.py: error: unknown config key(s) ['unknown']"),
+        ("algo.n_envs=two", "train.py: error: Error merging override algo.n_envs=two: Value 'two'"),
+    ],
+)
+def test_a_bad_override_stops_train_py_in_one_line_before_the_run_folder(tmp_path, override, line):
+    run_dir = tmp_path / "run"
+    out = train(override, f"hydra.run.dir={run_dir}")
+    assert out.returncode != 0 and out.stderr.strip().startswith(line), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists()
 
 
 def test_wrong_override_stops_train_py_before_anything_runs(tmp_path):

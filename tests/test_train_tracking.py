@@ -1,11 +1,11 @@
-"""Tracking: W&B offline runs hold config and scalars; a failing tracker never stops training."""
+"""Tracking: W&B offline runs hold config, scalars and the exported policy; a failing tracker never stops training."""
 
 import logging
 
 import pytest
 
-from policies import tracking
-from policies.config import LoggerConfig, TrackerMode
+from chunkgym import tracking
+from chunkgym.tracking import LoggerConfig, TrackerMode
 from tests.test_train_cli import TINY, train
 
 
@@ -16,6 +16,9 @@ def test_wandb_offline_run_holds_config_and_scalars(tmp_path):
     logs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1
     data = logs[0].read_bytes()
+    # the run name is {env_id}__{exp}__{seed}__{time}; the exported policy folder is a model artefact
+    assert b"chunkgym/ChunkedPrefill-v0__synthetic_azure_conv_maskable_ppo__0__" in data
+    assert b"policy.safetensors" in data and b"policy-" in data
     # W&B's binary log stores keys and JSON-encoded values as plain bytes
     for key in (b"eval/goodput_rps", b"eval/ttft_p99_s", b"eval/tbt_p99_s", b"train/learning_rate"):
         assert key in data, key
@@ -63,7 +66,7 @@ class Exploding(tracking.KVWriter):
 def test_a_failing_tracker_is_switched_off_with_one_warning(caplog):
     inner = Exploding()
     guarded = tracking.Guarded("wandb", lambda: inner)
-    with caplog.at_level(logging.WARNING, logger="policies.tracking"):
+    with caplog.at_level(logging.WARNING, logger="chunkgym.tracking"):
         for step in range(3):
             guarded.write({"a": 1.0}, {"a": None}, step)
         guarded.close()
@@ -76,10 +79,12 @@ def test_a_tracker_failing_to_start_leaves_the_other_outputs(monkeypatch, tmp_pa
         raise RuntimeError("wandb.init timed out")
 
     monkeypatch.setattr(tracking, "start_wandb", refuse)
-    with caplog.at_level(logging.WARNING, logger="policies.tracking"):
-        logger = tracking.make_logger(LoggerConfig(mode=TrackerMode.offline), tmp_path, "name", {})
-    logger.record("eval/goodput_rps", 1.5)
-    logger.dump(step=10)
-    tracking.close_logger(logger, {"best_val_goodput_rps": 1.5})
+    with caplog.at_level(logging.WARNING, logger="chunkgym.tracking"):
+        tracker = tracking.TrainingTracker(LoggerConfig(mode=TrackerMode.offline), tmp_path, "name", {})
+    assert tracker.run is None
+    tracker.logger.record("eval/goodput_rps", 1.5)
+    tracker.logger.dump(step=10)
+    tracker.log_model(tmp_path, {})
+    tracker.close({"best_val_goodput_rps": 1.5})
     assert "wandb.init timed out" in caplog.text
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

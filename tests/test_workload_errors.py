@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from chunkgym.config import from_mapping
 from envs.serving.workload import (
     TraceError,
     Workload,
@@ -210,20 +211,20 @@ def test_bad_spec_values(fields, needle):
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({"name": "x", "format": "azure", "path": "a", "window_s": "long"}, "'window_s' must be float"),
+        ({"name": "x", "format": "azure", "path": "a", "window_s": "long"}, "window_s: Value 'long'"),
         (
-            {"name": "x", "format": "azure", "path": "a", "allow_synthetic": "yes"},
-            "'allow_synthetic' must be bool",
+            {"name": "x", "format": "azure", "path": "a", "allow_synthetic": "maybe"},
+            "allow_synthetic: Value 'maybe' is not a valid bool",
         ),
-        ({"name": "x", "format": "azure", "path": "a", "windows": 3}, "unknown field"),
-        ({"name": "x"}, "missing field"),
+        ({"name": "x", "format": "azure", "path": "a", "windows": 3}, "windows: Key 'windows' not in"),
+        ({"name": "x"}, "missing mandatory value: format"),
         ({"name": "x", "format": "azure", "path": "a", "rate_scale": -1}, "rate_scale"),
         (["x"], "expected a mapping"),
     ],
 )
 def test_spec_from_mapping_names_source_and_field(data, needle):
     with pytest.raises(ValueError, match=needle) as err:
-        WorkloadSpec.from_mapping(data, source="conf/workload/x.yaml")
+        from_mapping(WorkloadSpec, data, "conf/workload/x.yaml")
     assert "conf/workload/x.yaml" in str(err.value)
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from chunkgym.config import from_mapping
 from envs.serving.workload import WORKLOAD_DIR, Workload, WorkloadSpec, workload_names
 from envs.serving.workloads.files import Rows
 from envs.serving.workloads.lengths import LengthSource
@@ -104,4 +105,4 @@ def test_configs_fit_the_hydra_schema(name):
     merged = OmegaConf.merge(OmegaConf.structured(WorkloadSpec), data)
     spec = OmegaConf.to_object(merged)
     assert isinstance(spec, WorkloadSpec) and spec.name == name
-    assert spec == WorkloadSpec.from_mapping(data, source=name)
+    assert spec == from_mapping(WorkloadSpec, data, name)

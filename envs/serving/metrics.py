@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from chunkgym.config import from_mapping
 from envs.serving.cost_model import CostModel
-from envs.serving.specs import CONF_DIR, from_mapping
+from envs.serving.specs import CONF_DIR
 
 BUCKET_EDGES = (0, 1024, 4096, 16384, 65536)
 BUCKET_LABELS = ("[0,1k)", "[1k,4k)", "[4k,16k)", "[16k,64k)", "[64k,inf)")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkgym.config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, check, from_mapping
 from envs.serving.core import ServingConfig
 from envs.serving.cost_model import CostModel, RooflineCostModel, roofline_params
 from envs.serving.metrics import SLO, SLOSpec, load_slo
@@ -28,14 +28,33 @@ def make_cost_model(model: ModelSpec, hardware: HardwareSpec, tp: int, kind: str
     return load_cost_model(model, hardware, tp, path=kind)
 
 
-def serving_config(overrides: dict[str, Any] | ServingConfig | None) -> ServingConfig:
+SERVING_RULES: dict[str, Rule] = {
+    "block_size": AT_LEAST_ONE,
+    "max_num_seqs": AT_LEAST_ONE,
+    "max_model_len": Rule(lambda v: v >= 0, "an integer >= 0 (0: the model's max context)"),
+    "activation_reserve_gib": NON_NEGATIVE,
+    "lookahead": AT_LEAST_ONE,
+    "num_blocks": Rule(lambda v: v >= 0, "an integer >= 0 (0: from memory)"),
+}
+SLO_RULES: dict[str, Rule] = {
+    "tpot_multiplier": POSITIVE,
+    "ttft_base_s": POSITIVE,
+    "ttft_factor": POSITIVE,
+    "stall_factor": POSITIVE,
+    "reference_batch": AT_LEAST_ONE,
+    "reference_context": AT_LEAST_ONE,
+}
+"""Ranges of ``serving.*`` and ``slo.*``, checked by every tool before it runs anything."""
+
+
+def serving_config(
+    overrides: dict[str, Any] | ServingConfig | None, source: str = "serving"
+) -> ServingConfig:
+    """Engine settings from a mapping of overrides (or as given), each checked against its range."""
     if isinstance(overrides, ServingConfig):
+        check(overrides, SERVING_RULES, source)
         return overrides
-    names = {f.name for f in dataclasses.fields(ServingConfig)}
-    unknown = sorted(set(overrides or {}) - names)
-    if unknown:
-        raise ValueError(f"unknown serving option(s) {unknown}; valid: {sorted(names)}")
-    return ServingConfig(**(overrides or {}))
+    return from_mapping(ServingConfig, overrides or {}, source, SERVING_RULES)
 
 
 @dataclass(frozen=True)
@@ -77,8 +96,9 @@ class ServingSetup:
         """Like :meth:`from_names`, from spec objects (e.g. Hydra-composed, possibly overridden)."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
-        cm = make_cost_model(model, hardware, tp, cost_model)
         slo = slo or load_slo("strict")
+        check(slo, SLO_RULES, "slo")
+        cm = make_cost_model(model, hardware, tp, cost_model)
         return cls(model, hardware, tp, cm, slo.resolve(cm), serving_config(serving), cost_model)
 
     def simulator(self, trace: Trace) -> Simulator:

@@ -6,13 +6,13 @@ library loads them by name through :func:`load_model` / :func:`load_hardware`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from chunkgym import REPO_ROOT
+from chunkgym.config import AT_LEAST_ONE, POSITIVE, Rule, from_mapping
 
 CONF_DIR = REPO_ROOT / "conf"
 GIB = 1 << 30
@@ -74,6 +74,25 @@ class HardwareSpec:
         return self.memory_gib * GIB
 
 
+MODEL_RULES: dict[str, Rule] = {
+    key: AT_LEAST_ONE
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "ffn_size",
+        "vocab_size",
+        "max_context",
+        "dtype_bytes",
+    )
+}
+HARDWARE_RULES: dict[str, Rule] = {
+    key: POSITIVE for key in ("peak_flops", "hbm_bandwidth", "memory_gib", "interconnect_bandwidth")
+}
+RULES = {ModelSpec: MODEL_RULES, HardwareSpec: HARDWARE_RULES}
+
+
 def _names(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
@@ -82,28 +101,7 @@ def _load(group: str, name: str, cls: type) -> Any:
     path = CONF_DIR / group / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown {group} {name!r}; valid names: {', '.join(_names(group))}")
-    return from_mapping(cls, yaml.safe_load(path.read_text()), source=str(path))
-
-
-def from_mapping(cls: type, data: Any, source: str) -> Any:
-    """Build a spec dataclass from a mapping, naming the source and field on bad input."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{source}: unknown field(s) {unknown}; valid fields: {sorted(fields)}")
-    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
-    if missing:
-        raise ValueError(f"{source}: missing field(s) {missing}")
-    kwargs = {}
-    for name, value in data.items():
-        kind = fields[name].type
-        try:
-            kwargs[name] = {"int": int, "float": float, "str": str}[kind](value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: field {name!r} must be {kind}, got {value!r}") from exc
-    return cls(**kwargs)
+    return from_mapping(cls, yaml.safe_load(path.read_text()), str(path), RULES[cls])
 
 
 def load_model(name: str) -> ModelSpec:

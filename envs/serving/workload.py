@@ -5,13 +5,12 @@ A workload is one ``conf/workload/NAME.yaml`` (:class:`WorkloadSpec`) or any sup
 the source by time, by row for length-only files) or a seeded window of one. Times are seconds,
 rebased to the window start and divided by ``rate_scale * load_scale``, so load scaling compresses
 or stretches inter-arrival times and nothing else. Same (spec, split, seed, load_scale) -> the same
-arrays, bit for bit. Run ``python -m envs.serving.workload [--split S --seed N]`` for per-workload window statistics
+arrays, bit for bit. Run ``python -m envs.serving.workload [names=[...]] [split=S] [seed=N]`` for per-workload window statistics
 (and the median cost of one ``window()`` call).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -22,6 +21,8 @@ import numpy as np
 import yaml
 
 import chunkgym
+from chunkgym.cli import hydra_cli
+from chunkgym.config import from_mapping
 from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
 from envs.serving.workloads.files import read_rows, sniff_format
@@ -67,7 +68,7 @@ class Workload:
         path = WORKLOAD_DIR / f"{name}.yaml"
         if not path.is_file():
             raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(workload_names())}")
-        spec = WorkloadSpec.from_mapping(yaml.safe_load(path.read_text()), source=str(path))
+        spec = from_mapping(WorkloadSpec, yaml.safe_load(path.read_text()), str(path))
         if spec.name != name:
             raise ValueError(f"{path}: field 'name' is {spec.name!r}, expected the file's name {name!r}")
         return cls(spec, data_root)
@@ -164,23 +165,30 @@ def window_stats(trace: Trace) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Statistics of one default window per workload.")
-    parser.add_argument("names", nargs="*", help="workload names or file:PATH (default: all configs)")
-    parser.add_argument("--split", default="test", choices=list(SPLITS))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--load-scale", type=float, default=1.0)
-    args = parser.parse_args()
+@dataclasses.dataclass
+class StatsOptions:
+    """``python -m envs.serving.workload KEY=VALUE ...``: one window's statistics per workload."""
+
+    names: list[str] = dataclasses.field(default_factory=list)  # names or file:PATH; empty: every config
+    split: str = "test"
+    seed: int = 0
+    load_scale: float = 1.0
+
+
+@hydra_cli(StatsOptions, "workload_stats")
+def main(opts: StatsOptions) -> None:
+    if opts.split not in SPLITS:
+        raise SystemExit(f"workload: error: split={opts.split!r}: must be one of {', '.join(SPLITS)}")
     columns = "requests | span s | req/s | prompt p50 | prompt p99 | output p50 | output p99 | window() ms"
     print(f"| workload | source | {columns} |")
     print("|---|---|" + "---:|" * 8)
-    for name in args.names or workload_names():
+    for name in opts.names or workload_names():
         workload = load_workload(name)
-        s = window_stats(workload.window(args.split, args.seed, args.load_scale))
+        s = window_stats(workload.window(opts.split, opts.seed, opts.load_scale))
         ms = []
-        for seed in range(args.seed + 1, args.seed + 21):
+        for seed in range(opts.seed + 1, opts.seed + 21):
             start = time.perf_counter()
-            workload.window(args.split, seed, args.load_scale)
+            workload.window(opts.split, seed, opts.load_scale)
             ms.append(1e3 * (time.perf_counter() - start))
         print(
             f"| {name} | {workload.source} | {s['requests']} | {s['span_s']:.1f} | {s['rate']:.2f} | "

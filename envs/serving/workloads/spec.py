@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 FORMATS = ("azure", "mooncake", "lengths", "servegen", "synthetic")
 ARRIVAL_PROCESSES = ("poisson", "gamma")
@@ -38,6 +36,7 @@ class WorkloadSpec:
     length_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        """Ranges (types are checked by :func:`chunkgym.config.from_mapping` and by Hydra)."""
         where = f"workload {self.name!r}"
         if self.format not in FORMATS:
             raise ValueError(f"{where}: unknown format {self.format!r}; valid formats: {', '.join(FORMATS)}")
@@ -62,31 +61,3 @@ class WorkloadSpec:
             raise ValueError(f"{where}: format 'lengths' needs base_rate > 0 (requests/s of the arrivals)")
         if self.format != "synthetic" and not self.path:
             raise ValueError(f"{where}: format {self.format!r} needs a path to its data file")
-
-    @classmethod
-    def from_mapping(cls, data: Any, source: str) -> WorkloadSpec:
-        """Build from a YAML/Hydra mapping, naming ``source`` and the field on bad input."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected a mapping of workload fields, got {type(data).__name__}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise ValueError(f"{source}: unknown field(s) {unknown}; valid fields: {sorted(fields)}")
-        missing = sorted(n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING)
-        if missing:
-            raise ValueError(f"{source}: missing field(s) {missing}")
-        kwargs = {}
-        for name, value in data.items():
-            kind = fields[name].type
-            ok = {
-                "str": isinstance(value, str),
-                "bool": isinstance(value, bool),
-                "float": isinstance(value, int | float) and not isinstance(value, bool),
-            }[kind]
-            if not ok:
-                raise ValueError(f"{source}: field {name!r} must be {kind}, got {value!r}")
-            kwargs[name] = float(value) if kind == "float" else value
-        try:
-            return cls(**kwargs)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
