@@ -4,12 +4,12 @@
 ``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``; token ``p`` of a
 sequence lives in block ``table[p // block_size]`` at offset ``p % block_size``.
 
-:class:`BlockManager` decides which blocks a sequence uses; it is plain Python (no
+:class:`PagedKVPool` decides which blocks a sequence uses; it is plain Python (no
 torch) and never touches the tensors.  A block is *in use* while some sequence's block
 table holds it (reference count > 0) and *free* otherwise; a free block that holds a
 full, hashed block of computed tokens stays in the prefix cache until it is evicted
 (least recently freed first) to serve a new allocation.  Invariant, checked by
-:meth:`BlockManager.check_consistency`: in use + free = total.
+:meth:`PagedKVPool.check_consistency`: in use + free = total.
 
 A full block's hash chains the hash of the block before it with its token ids, so a
 hash names a whole prefix.  Hashes are Python's 64-bit tuple hash, which is stable
@@ -71,7 +71,7 @@ class _Seq:
     hashes: list[int] = field(default_factory=list)  # of table[: len(hashes)], all computed and full
 
 
-class BlockManager:
+class PagedKVPool:
     """Block allocator with reference counts, per-sequence block tables and a prefix cache.
 
     Life of a sequence: :meth:`add` (attaches cached prefix blocks), then per iteration
@@ -83,7 +83,7 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
-                f"BlockManager: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+                f"PagedKVPool: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -126,9 +126,9 @@ class BlockManager:
         the caller computes the tokens from that position on.
         """
         if seq_id in self._seqs:
-            raise ValueError(f"BlockManager.add: sequence {seq_id!r} is already registered")
+            raise ValueError(f"PagedKVPool.add: sequence {seq_id!r} is already registered")
         if not token_ids:
-            raise ValueError(f"BlockManager.add: sequence {seq_id!r} has no tokens")
+            raise ValueError(f"PagedKVPool.add: sequence {seq_id!r} has no tokens")
         matched = self._match(token_ids)
         for block in matched:
             self._take(block)
@@ -158,7 +158,7 @@ class BlockManager:
         seq = self._get(seq_id)
         if num_tokens > min(len(seq.tokens), len(seq.table) * self.block_size):
             raise ValueError(
-                f"BlockManager.mark_computed: sequence {seq_id!r} has {len(seq.tokens)} tokens and "
+                f"PagedKVPool.mark_computed: sequence {seq_id!r} has {len(seq.tokens)} tokens and "
                 f"{len(seq.table)} blocks, cannot have {num_tokens} computed"
             )
         if not self.enable_prefix_caching:
@@ -183,7 +183,7 @@ class BlockManager:
         """
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
-            raise ValueError(f"BlockManager.free: unknown sequence {seq_id!r}")
+            raise ValueError(f"PagedKVPool.free: unknown sequence {seq_id!r}")
         for block in reversed(seq.table):
             self._ref[block] -= 1
             if self._ref[block] == 0:
@@ -211,7 +211,7 @@ class BlockManager:
         try:
             return self._seqs[seq_id]
         except KeyError:
-            raise ValueError(f"BlockManager: unknown sequence {seq_id!r}") from None
+            raise ValueError(f"PagedKVPool: unknown sequence {seq_id!r}") from None
 
     def _match(self, token_ids: Sequence[int]) -> list[int]:
         if not self.enable_prefix_caching:

@@ -26,29 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from envs.serving.specs import ModelSpec, load_model, model_names
+from chunkgym.config import check
+from envs.serving.specs import MODEL_RULES, ModelSpec, load_model, model_names
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Shapes and numerics of the decoder; weights come separately from a seed."""
+class ModelConfig(ModelSpec):
+    """A ``conf/model`` spec plus the decoder's numerics; weights come separately from a seed."""
 
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_size: int
-    vocab_size: int
-    max_context: int
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"ModelConfig {self.name!r}: {f.name} must be a positive int, got {value!r}")
+        check(self, MODEL_RULES, f"ModelConfig {self.name!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"ModelConfig {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
@@ -65,30 +55,14 @@ class ModelConfig:
             raise ValueError(f"ModelConfig {self.name!r}: need rope_theta > 1 and rms_eps > 0")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
     def num_params(self) -> int:
-        """All weights: embedding, LM head, final norm and per layer Q/K/V/O, SwiGLU, two norms."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        layer = h * (h + 2 * kv) + h * h + 3 * h * self.ffn_size + 2 * h
-        return self.num_layers * layer + 2 * self.vocab_size * h + h
+        """The decoder's exact weight count: the spec's plus the norm gains (two per layer, one final)."""
+        return super().num_params + (2 * self.num_layers + 1) * self.hidden_size
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, rope_theta: float = 10000.0) -> ModelConfig:
         """The shapes of a ``conf/model`` entry (RoPE theta is not part of those files)."""
-        return cls(
-            name=spec.name,
-            num_layers=spec.num_layers,
-            hidden_size=spec.hidden_size,
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            ffn_size=spec.ffn_size,
-            vocab_size=spec.vocab_size,
-            max_context=spec.max_context,
-            rope_theta=rope_theta,
-        )
+        return cls(**dataclasses.asdict(spec), rope_theta=rope_theta)
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -10,7 +10,7 @@ Per iteration, exactly as :class:`~envs.serving.simulator.Simulator` does with i
 
 so every policy runs unchanged and scheduling decisions follow the simulator's rules.  The core
 counts KV blocks; :class:`Engine` mirrors its accounting in the runner's physical
-:class:`engine.kv_cache.BlockManager` (same block count and size): a prefill chunk reserves
+:class:`engine.kv_cache.PagedKVPool` (same block count and size): a prefill chunk reserves
 its tokens' blocks, a decode its next token's block, and the core's ``on_release`` hook frees a
 request's blocks when the core releases them (finish or preemption).  After every allocation the
 physical blocks in use must equal the core's count, or the engine stops with an error.
@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.kv_cache import BlockManager, KVCache
+from engine.kv_cache import KVCache, PagedKVPool
 from engine.model import LlamaModel
 from engine.runner import BatchItem, ModelRunner
 from envs.serving.core import Batch, ServingCore
@@ -192,7 +192,7 @@ class Engine:
         weight = model.embed.weight
         cache = KVCache(model.config, core.kv.total, core.kv.block_size, weight.dtype, weight.device)
         self.runner = ModelRunner(model, cache)
-        self.blocks = BlockManager(cache.num_blocks, cache.block_size, enable_prefix_caching=False)
+        self.blocks = PagedKVPool(cache.num_blocks, cache.block_size, enable_prefix_caching=False)
         self.clock: Clock = clock or WallClock()
         self.seed = seed
         self.vocab_size = model.config.vocab_size

@@ -7,13 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache import BlockManager, KVCache, block_hashes
+from engine.kv_cache import KVCache, PagedKVPool, block_hashes
 from engine.model import preset
 
 BS = 4
 
 
-def _prefill(bm: BlockManager, seq_id: str, tokens: list[int]) -> int:
+def _prefill(bm: PagedKVPool, seq_id: str, tokens: list[int]) -> int:
     """Add a sequence and compute its whole prompt; returns the cached tokens."""
     cached = bm.add(seq_id, tokens)
     assert bm.reserve(seq_id, len(tokens))
@@ -30,7 +30,7 @@ def test_block_hashes_chain_parents_and_skip_partial_block():
 
 
 def test_prefix_hit_shares_blocks_and_never_covers_last_token():
-    bm = BlockManager(16, BS)
+    bm = PagedKVPool(16, BS)
     prompt = list(range(10))
     assert _prefill(bm, "a", prompt) == 0
     assert bm.add("b", prompt[:8] + [99, 98]) == 8
@@ -42,7 +42,7 @@ def test_prefix_hit_shares_blocks_and_never_covers_last_token():
 
 
 def test_freed_cached_blocks_are_reused_then_evicted_lru_tail_first():
-    bm = BlockManager(4, BS)
+    bm = PagedKVPool(4, BS)
     _prefill(bm, "a", list(range(12)) + [0])  # 3 full blocks + 1 partial = all 4 blocks
     table = bm.block_table("a")
     bm.free("a")
@@ -58,7 +58,7 @@ def test_freed_cached_blocks_are_reused_then_evicted_lru_tail_first():
 
 
 def test_reserve_without_room_changes_nothing():
-    bm = BlockManager(3, BS)
+    bm = PagedKVPool(3, BS)
     bm.add("a", [1, 2, 3])
     assert bm.reserve("a", 8)
     assert not bm.reserve("a", 13)
@@ -67,7 +67,7 @@ def test_reserve_without_room_changes_nothing():
 
 
 def test_disabled_prefix_caching_never_hits():
-    bm = BlockManager(8, BS, enable_prefix_caching=False)
+    bm = PagedKVPool(8, BS, enable_prefix_caching=False)
     _prefill(bm, "a", list(range(9)))
     assert bm.add("b", list(range(9))) == 0
     bm.free("a")
@@ -84,7 +84,7 @@ def test_disabled_prefix_caching_never_hits():
     ],
 )
 def test_bad_calls_name_the_sequence(call, match):
-    bm = BlockManager(4, BS)
+    bm = PagedKVPool(4, BS)
     bm.add("a", [1, 2, 3])
     with pytest.raises(ValueError, match=match):
         call(bm)
@@ -118,7 +118,7 @@ def test_random_workload_conserves_blocks_and_hits_only_matching_content(num_blo
     stepped through their tokens (a step that reaches the end appends a generated token)
     and freed.  ``content`` stands in for the KV tensors: what the runner wrote where.
     """
-    bm = BlockManager(num_blocks, BS)
+    bm = PagedKVPool(num_blocks, BS)
     content: dict[int, list[int | None]] = {b: [None] * BS for b in range(num_blocks)}
     known: dict[str, list[int]] = {}
     computed: dict[str, int] = {}

@@ -48,7 +48,7 @@ def test_unknown_preset_lists_valid_names():
     [
         ({"num_heads": 3}, "not divisible"),
         ({"num_kv_heads": 3}, "not a multiple"),
-        ({"num_layers": 0}, "num_layers must be a positive int"),
+        ({"num_layers": 0}, "num_layers=0: must be an integer >= 1"),
         ({"rope_theta": 0.5}, "rope_theta"),
     ],
 )

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from engine.kv_cache import BlockManager, KVCache
+from engine.kv_cache import KVCache, PagedKVPool
 from engine.model import LlamaModel, build_model
 from engine.runner import BatchItem, ModelRunner
 
@@ -35,7 +35,7 @@ class Driver:
 
     def __init__(self, model: LlamaModel, num_blocks: int = 256, prefix_caching: bool = True) -> None:
         dtype = model.embed.weight.dtype
-        self.bm = BlockManager(num_blocks, BS, prefix_caching)
+        self.bm = PagedKVPool(num_blocks, BS, prefix_caching)
         self.runner = ModelRunner(model, KVCache(model.config, num_blocks, BS, dtype))
         self.tokens: dict[str, list[int]] = {}
         self.done: dict[str, int] = {}
