@@ -10,20 +10,22 @@ requests within SLO, default model and hardware) of:
 
 The ratio oracle / sarathi is the ceiling a learned policy can aim for.
 
-    python bench/headroom.py [--workloads azure_conv ...] [--seeds 0] [--no-oracle]
+    python bench/headroom.py ["workloads=[azure_conv,...]"] ["seeds=[0]"] [oracle=false]
 
 The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 import chunkgym
+from chunkgym.cli import hydra_cli
+from chunkgym.config import NON_EMPTY, POSITIVE
 from envs.serving.metrics import capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
@@ -40,18 +42,27 @@ def attainment(setup, workload, seed, scale, budget, rule) -> float:
     return setup.simulator(trace).run(Sarathi(budget, RULE_NAMES[rule])).metrics["slo_attainment"]
 
 
-def main() -> None:
-    chunkgym.require_own_packages()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")]
+@dataclass
+class Options:
+    """``python bench/headroom.py KEY=VALUE ...``."""
+
+    workloads: list[str] = field(
+        default_factory=lambda: [w for w in workload_names() if not w.startswith("synthetic")]
     )
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--no-oracle", action="store_true")
-    ap.add_argument("--period-s", type=float, default=4.0)
-    ap.add_argument("--horizon-s", type=float, default=24.0)
-    ap.add_argument("--rel-tol", type=float, default=0.02)
-    args = ap.parse_args()
+    seeds: list[int] = field(default_factory=lambda: [0])  # val windows
+    oracle: bool = True  # also search the hindsight oracle's capacity (slow)
+    period_s: float = 4.0  # the oracle's decision period
+    horizon_s: float = 24.0  # the oracle's rollout horizon
+    rel_tol: float = 0.02  # the capacity search's relative bracket width
+
+
+RULES = {"seeds": NON_EMPTY, "workloads": NON_EMPTY, "period_s": POSITIVE, "horizon_s": POSITIVE}
+RULES["rel_tol"] = POSITIVE
+
+
+@hydra_cli(Options, "headroom", RULES)
+def main(args: Options) -> None:
+    chunkgym.require_own_packages()
     setup = ServingSetup.from_names()
     report = {}
     for name in args.workloads:
@@ -78,7 +89,7 @@ def main() -> None:
                 "constant": constant[0],
                 "constant_action": [constant[1], RULE_NAMES[constant[2]]],
             }
-            if not args.no_oracle:
+            if args.oracle:
                 base = (constant[1], Rule(constant[2]))
                 start = time.perf_counter()
 

@@ -1,6 +1,6 @@
 """Decision cost of an exported policy: features + normalise + forward + plan, per engine iteration.
 
-    python bench/policy_latency.py [--policy DIR] [--workload W] [--load-scale X]
+    python bench/policy_latency.py [policy=DIR] [workload=W] [load_scale=X]
 
 Replays one test window in the simulator with the policy loaded by
 ``policies.exported.load_policy`` (the shipped ``policies/artifacts/learned`` by
@@ -13,15 +13,17 @@ one CPU core.  Last stdout line: one JSON object with ``us_per_decision``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from chunkgym.cli import hydra_cli
+from chunkgym.config import POSITIVE
 from envs import ENV_ID
 from envs.serving.scheduling import Plan, Policy, View
 from envs.serving.setup import ServingSetup
@@ -78,17 +80,20 @@ def us(ns: list[int]) -> float:
     return float(np.mean(ns)) / 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--policy", help="exported policy directory (default: the shipped one, else untrained)"
-    )
-    parser.add_argument("--env", default=ENV_ID, help="env of the untrained policy (when none is given)")
-    parser.add_argument("--workload", default="synthetic_azure_conv")
-    parser.add_argument("--load-scale", type=float, default=1.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cost-model", default="roofline", help="calibrated | roofline | coefficient file")
-    args = parser.parse_args()
+@dataclass
+class Options:
+    """``python bench/policy_latency.py KEY=VALUE ...``."""
+
+    policy: str | None = None  # exported policy directory; null: the shipped one, else untrained
+    env: str = ENV_ID  # env of the untrained policy (when none is given)
+    workload: str = "synthetic_azure_conv"
+    load_scale: float = 1.5
+    seed: int = 0
+    cost_model: str = "roofline"  # calibrated | roofline | coefficient file
+
+
+@hydra_cli(Options, "policy_latency", {"load_scale": POSITIVE})
+def main(args: Options) -> None:
     torch.set_num_threads(1)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ on the default model and hardware (Llama-3-8B, one A100-80GB, calibrated cost mo
 averaged over three windows of the **val** split (the test split stays unseen):
 2x is then just past that capacity and 4x well past it.
 
-    python bench/rate_scales.py [--fraction 0.6] [--seeds 0 1 2]
+    python bench/rate_scales.py [fraction=0.6] ["seeds=[0,1,2]"] ["workloads=[azure_conv,...]"]
 
 Prints, per workload, the capacity in native-rate multiples and the suggested
 ``rate_scale`` (two significant digits); the values in conf/workload/*.yaml come from it.
@@ -13,28 +13,35 @@ Prints, per workload, the capacity in native-rate multiples and the suggested
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+from dataclasses import dataclass, field
 
 import numpy as np
 
 import chunkgym
+from chunkgym.cli import hydra_cli
+from chunkgym.config import NON_EMPTY, POSITIVE
 from envs.serving.capacity import measure_capacity
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload, load_workload, workload_names
 from policies.registry import make_policy
 
 
-def main() -> None:
-    chunkgym.require_own_packages()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fraction", type=float, default=0.6)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument(
-        "--workloads", nargs="+", default=[w for w in workload_names() if not w.startswith("synthetic")]
+@dataclass
+class Options:
+    """``python bench/rate_scales.py KEY=VALUE ...``."""
+
+    fraction: float = 0.6  # of Sarathi-512's capacity that is 1x
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # val windows averaged
+    workloads: list[str] = field(
+        default_factory=lambda: [w for w in workload_names() if not w.startswith("synthetic")]
     )
-    args = ap.parse_args()
+
+
+@hydra_cli(Options, "rate_scales", {"fraction": POSITIVE, "seeds": NON_EMPTY, "workloads": NON_EMPTY})
+def main(args: Options) -> None:
+    chunkgym.require_own_packages()
     setup = ServingSetup.from_names()
     out = {}
     for name in args.workloads:

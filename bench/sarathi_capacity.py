@@ -5,17 +5,19 @@ arrivals, and its capacity definition (P99 TBT <= 100 ms, median scheduling dela
 found by the shared capacity search on a ~2,000-request window of the test split.
 The paper reports Sarathi-Serve (512) at 2.6x the capacity of vLLM.
 
-    python bench/sarathi_capacity.py [--window-s 500] [--seed 0]
+    python bench/sarathi_capacity.py [window_s=500] [seed=0] [cost_model=calibrated]
 
 The last stdout line is one JSON object: sarathi_capacity_rps, fcfs_capacity_rps, ratio, ...
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 
 import chunkgym
+from chunkgym.cli import hydra_cli
+from chunkgym.config import POSITIVE
 from envs.serving.metrics import capacity_search, tbt_criterion
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
@@ -25,13 +27,18 @@ TBT_BOUND_S = 0.100
 MEDIAN_DELAY_S = 2.0
 
 
-def main() -> None:
+@dataclass
+class Options:
+    """``python bench/sarathi_capacity.py KEY=VALUE ...``."""
+
+    window_s: float = 500.0  # trace seconds of the test-split window
+    seed: int = 0
+    cost_model: str = "calibrated"  # calibrated | roofline | coefficient file
+
+
+@hydra_cli(Options, "sarathi_capacity", {"window_s": POSITIVE})
+def main(args: Options) -> None:
     chunkgym.require_own_packages()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--window-s", type=float, default=500.0, help="trace seconds of the test-split window")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cost-model", default="calibrated")
-    args = ap.parse_args()
 
     setup = ServingSetup.from_names("mistral_7b", "a100_80gb", 1, "strict", args.cost_model)
     workload = load_workload("sharegpt_poisson")

@@ -1,6 +1,6 @@
 """Simulation speed: the full Azure conv trace through Sarathi-512, and the env's step rate.
 
-    python bench/sim_speed.py [--env-steps 50000]
+    python bench/sim_speed.py [env_steps=50000]
 
 Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded times
 (Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0` with random valid
@@ -15,15 +15,17 @@ iterations).  The last stdout line is one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
 import chunkgym
 import envs
+from chunkgym.cli import hydra_cli
+from chunkgym.config import AT_LEAST_ONE
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.registry import make_policy
@@ -48,11 +50,16 @@ def env_steps_per_s(steps: int, cost_model: str) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def main() -> None:
+@dataclass
+class Options:
+    """``python bench/sim_speed.py KEY=VALUE ...``."""
+
+    env_steps: int = 50_000  # random valid actions timed in the env
+
+
+@hydra_cli(Options, "sim_speed", {"env_steps": AT_LEAST_ONE})
+def main(args: Options) -> None:
     chunkgym.require_own_packages()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env-steps", type=int, default=50_000)
-    args = ap.parse_args()
 
     workload = load_workload("azure_conv")
     # The workload's rate_scale sets its moderate load; undo it to replay the recorded times.

@@ -150,7 +150,7 @@ def hydra_cli(
     name: str | None = None,
     rules: Mapping[str, Rule] | None = None,
     default_file: Path | None = None,
-) -> Callable[[Callable[[T], Any]], Callable[[], Any]]:
+) -> Callable[[Callable[[T], Any]], Callable[..., Any]]:
     """Decorate ``main(opts)`` so that it reads ``key=value`` overrides of ``cls`` from ``sys.argv``.
 
     ``name`` is the ConfigStore entry (default: the class name), unique per tool;
@@ -159,10 +159,11 @@ def hydra_cli(
     """
     config_name = name or cls.__name__
 
-    def decorate(main: Callable[[T], Any]) -> Callable[[], Any]:
+    def decorate(main: Callable[[T], Any]) -> Callable[..., Any]:
         @functools.wraps(main)
-        def run() -> Any:
-            args = sys.argv[1:]
+        def run(argv: Sequence[str] | None = None) -> Any:
+            """``argv``: the overrides (default ``sys.argv[1:]``), e.g. from a test."""
+            args = list(sys.argv[1:] if argv is None else argv)
             try:
                 if _is_hydra_flag(args):
                     return _hydra_main(cls, config_name, args, default_file, rules, main)

@@ -51,14 +51,18 @@ def prefixed(prefix: str, rules: Mapping[str, Rule]) -> dict[str, Rule]:
     return {f"{prefix}.{key}": rule for key, rule in rules.items()}
 
 
-def check(obj: Any, rules: Mapping[str, Rule], source: str) -> None:
-    """Raise :class:`ConfigError` for the first value of ``obj`` (dotted keys) outside its rule."""
+def check(obj: Any, rules: Mapping[str, Rule], source: str, at: str = "") -> None:
+    """Raise :class:`ConfigError` for the first value of ``obj`` (dotted keys) outside its rule.
+
+    ``at``: where ``obj`` sits in the config the user typed (``serving``), for the message.
+    """
     for key, rule in rules.items():
         value = obj
         for part in key.split("."):
             value = getattr(value, part)
         if not rule.test(value):
-            raise ConfigError(f"{_at(source)}{key}={value!r}: must be {rule.want}")
+            name = f"{at}.{key}" if at else key
+            raise ConfigError(f"{_at(source)}{name}={value!r}: must be {rule.want}")
 
 
 def schema(cls: type) -> DictConfig:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,15 +31,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from chunkgym import REPO_ROOT, resolve_path
+from chunkgym.cli import hydra_cli, load_options
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
 from engine.profile import Composition
 from engine.runner import ModelRunner
 from engine.serve import IDLE_MODES, Engine, EngineResult, WallClock
+from envs.serving.core import ServingConfig
 from envs.serving.metrics import load_slo
 from envs.serving.setup import serving_config
 from envs.serving.simulator import SimResult
@@ -51,6 +50,7 @@ from leaderboard.tables import write_csv, write_json
 from policies.registry import make_policy
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "cpu_replay.yaml"
+CONFIG_NAME = "engine_replay"
 BACKENDS = ("engine", "sim")
 WARMUP = (
     Composition("warm-up prefill", prefill_tokens=(256,), prefill_context=(0,)),
@@ -76,8 +76,8 @@ class ReplayConfig:
     hardware: str = "cpu"  # conf/hardware name of the device the engine runs on
     slo: str = "strict"
     cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
-    # ServingConfig overrides; num_blocks sizes the engine's KV cache (the default fills memory).
-    serving: dict = field(default_factory=dict)
+    # num_blocks sizes the engine's KV cache (the default fills memory).
+    serving: ServingConfig = field(default_factory=ServingConfig)
     threads: int = 1  # torch threads
     idle: str = "sleep"  # an idle engine sleeps or spins (holds its core) until the next arrival
     device: str = "cpu"
@@ -100,27 +100,13 @@ class ReplayConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.idle not in IDLE_MODES:
             raise ValueError(f"idle must be one of {', '.join(IDLE_MODES)}, got {self.idle!r}")
-        serving_config(dict(self.serving))  # unknown serving options fail here, before any run
+        serving_config(self.serving)  # values out of range fail here, before any run
 
 
 def load_config(argv: Sequence[str] = ()) -> ReplayConfig:
-    """The file named by ``config=PATH`` (default :data:`DEFAULT_CONFIG`) with ``KEY=VALUE`` overrides."""
-    args = list(argv)
-    path = DEFAULT_CONFIG
-    for arg in args:
-        if arg.startswith("config="):
-            path = resolve_path(arg.split("=", 1)[1])
-    args = [a for a in args if not a.startswith("config=")]
-    if not path.is_file():
-        raise ValueError(f"replay config not found: {path}")
-    try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(ReplayConfig), OmegaConf.load(path), OmegaConf.from_dotlist(args)
-        )
-    except OmegaConfBaseException as exc:  # unknown key or wrong type: the message names it
-        key = getattr(exc, "full_key", None)
-        raise ValueError(f"{path}: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") from exc
-    return ReplayConfig(**OmegaConf.to_container(merged))
+    """What ``python -m engine.replay ARGV`` reads: ``config=PATH`` (default :data:`DEFAULT_CONFIG`)
+    under ``KEY=VALUE`` overrides; a bad one raises ValueError naming it."""
+    return load_options(ReplayConfig, argv, DEFAULT_CONFIG, name=CONFIG_NAME)
 
 
 # ---- the slice -----------------------------------------------------------------------------
@@ -276,11 +262,8 @@ def write(out: Replay, directory: Path) -> None:
     out.iterations.to_csv(directory / "iterations.csv", index=False)
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    try:
-        conf = load_config(sys.argv[1:] if argv is None else argv)
-    except (ValueError, TypeError) as exc:
-        raise SystemExit(f"python -m engine.replay: error: {exc}") from exc
+@hydra_cli(ReplayConfig, CONFIG_NAME, default_file=DEFAULT_CONFIG)
+def main(conf: ReplayConfig) -> Path:
     directory = resolve_path(conf.output_dir)
     print(
         f"replaying {workload_label(conf)} seed {conf.seed} at load {conf.load_scale:g} -> {directory}",

@@ -113,7 +113,7 @@ def test_length_scale_divides_and_rounds_with_at_least_one_token():
     [
         ("backends=[gpu]", "backends"),
         ("length_scale=0.5", "length_scale"),
-        ("serving.block_sise=8", "unknown serving option"),
+        ("serving.block_sise=8", "block_sise"),
         ("threads=0", "threads"),
         ("idle=nap", "idle"),
         ("nosuch=1", "nosuch"),
@@ -130,4 +130,4 @@ def test_the_cpu_config_is_the_documented_default():
     assert isinstance(conf, ReplayConfig)
     assert (conf.model, conf.hardware, conf.threads, conf.length_scale) == ("engine_small", "cpu", 1, 8.0)
     assert conf.idle == "spin"
-    assert conf.serving["num_blocks"] > 0
+    assert conf.serving.num_blocks > 0

@@ -47,14 +47,12 @@ SLO_RULES: dict[str, Rule] = {
 """Ranges of ``serving.*`` and ``slo.*``, checked by every tool before it runs anything."""
 
 
-def serving_config(
-    overrides: dict[str, Any] | ServingConfig | None, source: str = "serving"
-) -> ServingConfig:
+def serving_config(overrides: dict[str, Any] | ServingConfig | None) -> ServingConfig:
     """Engine settings from a mapping of overrides (or as given), each checked against its range."""
-    if isinstance(overrides, ServingConfig):
-        check(overrides, SERVING_RULES, source)
-        return overrides
-    return from_mapping(ServingConfig, overrides or {}, source, SERVING_RULES)
+    if not isinstance(overrides, ServingConfig):
+        overrides = from_mapping(ServingConfig, overrides or {}, "serving")
+    check(overrides, SERVING_RULES, "", at="serving")
+    return overrides
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ class ServingSetup:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
         slo = slo or load_slo("strict")
-        check(slo, SLO_RULES, "slo")
+        check(slo, SLO_RULES, "", at="slo")
         cm = make_cost_model(model, hardware, tp, cost_model)
         return cls(model, hardware, tp, cm, slo.resolve(cm), serving_config(serving), cost_model)
 

@@ -4,13 +4,12 @@ Arrivals are a Gamma renewal stream with the trace's rate and inter-arrival CV. 
 lengths are drawn independently through piecewise-linear inverse CDFs that pass through the
 trace's quantiles at :data:`QUANTILES` (their Spearman correlation in the trace is 0.07, so
 independence loses little). :data:`AZURE_CONV_FIT` holds the fitted numbers; refit and print
-them with ``python -m envs.serving.workloads.synthetic [path/to/AzureLLMInferenceTrace_conv.csv]``
+them with ``python -m envs.serving.workloads.synthetic [path=path/to/AzureLLMInferenceTrace_conv.csv]``
 (default: the file under the data root); ``tests/test_workload_synthetic.py`` checks they agree.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkgym import data_root
+from chunkgym.cli import hydra_cli
 from envs.serving.workloads.files import Rows, read_rows
 from envs.serving.workloads.renewal import Renewal, rng_for
 
@@ -85,10 +85,16 @@ def generate(params: SyntheticFit, rate: float | None = None, seed: int = 0) -> 
     return Rows(f"synthetic:{params.name}", times, prompt, output)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Refit the synthetic workload on an Azure-format trace.")
-    parser.add_argument("path", nargs="?", default=str(data_root() / AZURE_CONV_PATH))
-    print(repr(fit(Path(parser.parse_args().path))))
+@dataclass
+class RefitOptions:
+    """``python -m envs.serving.workloads.synthetic [path=PATH]``: refit on an Azure-format trace."""
+
+    path: str | None = None  # null: the Azure conv trace under the data root
+
+
+@hydra_cli(RefitOptions, "synthetic_refit")
+def main(opts: RefitOptions) -> None:
+    print(repr(fit(Path(opts.path) if opts.path else data_root() / AZURE_CONV_PATH)))
 
 
 if __name__ == "__main__":
