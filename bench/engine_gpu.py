@@ -1,11 +1,11 @@
 """The engine on one GPU: profile, fit, and replay one slice on the engine and in the simulator.
 
     python bench/engine_gpu.py              # conf/engine/gpu_replay.yaml: Llama-3.2-1B shapes, bf16, cuda
-    python bench/engine_gpu.py --out DIR hardware=h100_80gb "policies=[sarathi_512,fcfs]" model=llama3_8b
+    python bench/engine_gpu.py out=DIR hardware=h100_80gb "policies=[sarathi_512,fcfs]" model=llama3_8b
     python bench/engine_gpu.py --dry-run             # print the resolved config and exit (no GPU needed)
 
 The same measurement as bench/sim_to_real.py (engine/sim_to_real.py), on ``device: cuda``: profiles
-the model over the composition grid, writes ``<hardware>__<model>__tp1.yaml`` under ``--out``, replays
+the model over the composition grid, writes ``<hardware>__<model>__tp1.yaml`` under ``out``, replays
 the slice per policy in real time and in the simulator with that profile, and prints one JSON
 object last (per-iteration latency MAPE, TTFT P50/P99 and TBT P99 relative errors).  About 5 minutes
 on one H200 with the default config.  Tests never run it.
@@ -18,20 +18,15 @@ import sys
 
 import torch
 
-from engine.replay import load_config
-from engine.sim_to_real import DEFAULT_POLICIES, main
+from chunkgym import REPO_ROOT
+from engine.sim_to_real import main, options
 
-CONFIG = "conf/engine/gpu_replay.yaml"
+CONFIG = REPO_ROOT / "conf/engine/gpu_replay.yaml"
 
 
 def resolved(argv: list[str]) -> dict:
-    """The replay config this invocation would run (its KEY=VALUE arguments over :data:`CONFIG`)."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("--")]
-    if not any(o.startswith("config=") for o in overrides):
-        overrides.insert(0, f"config={CONFIG}")
-    if not any(o.startswith("policies=") for o in overrides):
-        overrides.append(f"policies=[{','.join(DEFAULT_POLICIES)}]")
-    return dataclasses.asdict(load_config(overrides))
+    """The config this invocation would run (its KEY=VALUE arguments over :data:`CONFIG`)."""
+    return dataclasses.asdict(options(argv, CONFIG))
 
 
 if __name__ == "__main__":
@@ -46,4 +41,4 @@ if __name__ == "__main__":
         sys.exit(
             "bench/engine_gpu.py: no CUDA device here; run it on a GPU machine (or device=cpu to try it)"
         )
-    main(rest, default_config=CONFIG, description=__doc__.split("\n\n")[0])
+    main(rest if any(a.startswith("config=") for a in rest) else [f"config={CONFIG}", *rest])

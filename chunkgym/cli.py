@@ -136,7 +136,10 @@ def load_options(
     rules: Mapping[str, Rule] | None = None,
     name: str | None = None,
 ) -> T:
-    """What ``python TOOL ARGS`` reads: ``cls``'s defaults, the ``config=`` file, the overrides, checked."""
+    """What ``python TOOL ARGS`` reads: ``cls``'s defaults, the ``config=`` file, the overrides, checked.
+
+    Overrides apply in order, so a tool's own presets go first and the user's win.
+    """
     from hydra.core.config_store import ConfigStore
 
     config_name = name or cls.__name__
@@ -150,11 +153,13 @@ def hydra_cli(
     name: str | None = None,
     rules: Mapping[str, Rule] | None = None,
     default_file: Path | None = None,
+    preset: Sequence[str] = (),
 ) -> Callable[[Callable[[T], Any]], Callable[..., Any]]:
     """Decorate ``main(opts)`` so that it reads ``key=value`` overrides of ``cls`` from ``sys.argv``.
 
     ``name`` is the ConfigStore entry (default: the class name), unique per tool;
-    ``default_file`` the YAML file read when no ``config=PATH`` is given.  Hydra is imported
+    ``default_file`` the YAML file read when no ``config=PATH`` is given; ``preset``
+    overrides applied over it, under the command line's.  Hydra is imported
     only when the command runs, so a library module may carry its own ``main``.
     """
     config_name = name or cls.__name__
@@ -163,7 +168,7 @@ def hydra_cli(
         @functools.wraps(main)
         def run(argv: Sequence[str] | None = None) -> Any:
             """``argv``: the overrides (default ``sys.argv[1:]``), e.g. from a test."""
-            args = list(sys.argv[1:] if argv is None else argv)
+            args = [*preset, *(sys.argv[1:] if argv is None else argv)]
             try:
                 if _is_hydra_flag(args):
                     return _hydra_main(cls, config_name, args, default_file, rules, main)

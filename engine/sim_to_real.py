@@ -17,24 +17,51 @@ object as their last line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from chunkgym import resolve_path
+from chunkgym.cli import hydra_cli, load_options
+from chunkgym.config import AT_LEAST_ONE, Rule
 from engine.calibrate import calibrate
-from engine.replay import ReplayConfig, check, load_config, replay
+from engine.replay import DEFAULT_CONFIG, ReplayConfig, check, replay
 from engine.replay import write as write_replay
 from envs.serving.simulator import SimResult
 
 DEFAULT_POLICIES = ("sarathi_512", "fcfs")
+PRESET = (f"policies=[{','.join(DEFAULT_POLICIES)}]",)
+"""Applied over the replay file, under the command line's overrides."""
+CONFIG_NAME = "sim_to_real"
+
+
+@dataclass
+class SimToRealConfig(ReplayConfig):
+    """The replay slice (``config=PATH``, default ``conf/engine/cpu_replay.yaml``) and the profiling."""
+
+    repeats: int = 5  # profiling repeats per composition (median)
+    warmup: int = 1  # untimed repeats before them
+    out: str = "outputs/sim_to_real"  # profile, results and iterations go here
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ReplayConfig)})
+
+
+RULES: dict[str, Rule] = {"repeats": AT_LEAST_ONE, "warmup": Rule(lambda v: v >= 0, "an integer >= 0")}
+
+
+def options(argv: Sequence[str], default_config: Path = DEFAULT_CONFIG) -> SimToRealConfig:
+    """What ``python bench/sim_to_real.py ARGV`` runs (``bench/engine_gpu.py``: another default file)."""
+    return load_options(SimToRealConfig, [*PRESET, *argv], default_config, RULES, CONFIG_NAME)
+
+
 COMPARED = ("ttft_p50_s", "ttft_p99_s", "tbt_p99_s")
 
 
@@ -124,31 +151,12 @@ def run(
     return summary
 
 
-def main(argv: Sequence[str] | None = None, default_config: str | None = None, description: str = "") -> dict:
-    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="profiling repeats per composition (median)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument(
-        "--out", default="outputs/sim_to_real", help="profile, results and iterations go here"
-    )
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        help="replay config: config=PATH and KEY=VALUE (e.g. 'policies=[sarathi_512,fcfs]' seed=1)",
-    )
-    args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    if default_config and not any(o.startswith("config=") for o in overrides):
-        overrides.insert(0, f"config={default_config}")
-    if not any(o.startswith("policies=") for o in overrides):
-        overrides.append(f"policies=[{','.join(DEFAULT_POLICIES)}]")
-    try:
-        conf = load_config(overrides)
-    except (ValueError, TypeError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
-    out = resolve_path(args.out)
+@hydra_cli(SimToRealConfig, CONFIG_NAME, RULES, DEFAULT_CONFIG, PRESET)
+def main(opts: SimToRealConfig) -> dict:
+    """The measurement of :func:`run`; the summary goes to ``out/summary.json`` and, last, to stdout."""
+    out = resolve_path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = run(conf, out, args.repeats, args.warmup, log=lambda s: print(s, flush=True))
+    summary = run(opts.replay_config(), out, opts.repeats, opts.warmup, log=lambda s: print(s, flush=True))
     (out / "summary.json").write_text(json.dumps(_rounded(summary), indent=1) + "\n")
     print(json.dumps(_rounded(summary)))
     return summary
