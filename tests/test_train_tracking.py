@@ -88,3 +88,38 @@ def test_a_tracker_failing_to_start_leaves_the_other_outputs(monkeypatch, tmp_pa
     tracker.close({"best_val_goodput_rps": 1.5})
     assert "wandb.init timed out" in caplog.text
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def _run_record(**fields) -> bytes:
+    """How W&B's run log stores one field of the run record (protobuf), to find it in the file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    return pb.RunRecord(**fields).SerializeToString()
+
+
+def test_a_sweep_shares_one_wandb_group_named_after_its_folder(tmp_path):
+    sweep = tmp_path / "sweep_20260101-000000"
+    out = train(
+        "-m",
+        *TINY,
+        "logger.mode=offline",
+        "seed=5",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=job",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (log,) = (sweep / "job" / "wandb").glob("offline-run-*/run-*.wandb")
+    data = log.read_bytes()
+    assert _run_record(run_group=sweep.name) in data
+    assert _run_record(job_type="train") in data
+
+
+def test_a_single_run_has_no_group_unless_given(monkeypatch, tmp_path):
+    import wandb
+
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: calls.append(kwargs) or None)
+    tracking.TrainingTracker(LoggerConfig(mode=TrackerMode.offline), tmp_path, "n", {})
+    tracking.TrainingTracker(LoggerConfig(mode=TrackerMode.offline), tmp_path, "n", {}, group="g")
+    assert [c["group"] for c in calls] == [None, "g"]
+    assert all(c["sync_tensorboard"] and c["name"] == "n" for c in calls)
