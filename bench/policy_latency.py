@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from envs import ENV_ID
-from envs.serving.scheduling import Plan, Policy, View
+from envs.serving.scheduling import Plan, Policy, ServingView
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.export import write_export
@@ -39,7 +39,7 @@ class Timed(Policy):
         self.ns: list[int] = []
         self.stages: dict[str, list[int]] = {"features": [], "mask": [], "network": [], "planner": []}
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         clock = time.perf_counter_ns
         start = clock()
         plan = self.inner.plan(view)

@@ -32,7 +32,7 @@ from chunkgym import resolve_path
 from engine.calibrate import calibrate
 from engine.replay import ReplayConfig, check, load_config, replay
 from engine.replay import write as write_replay
-from envs.serving.simulator import SimResult
+from envs.serving.loop import SimResult
 
 DEFAULT_POLICIES = ("sarathi_512", "fcfs")
 COMPARED = ("ttft_p50_s", "ttft_p99_s", "tbt_p99_s")

@@ -146,7 +146,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         if sim is None:
             raise RuntimeError("call reset() before step()")
         core = sim.core
-        latency = sim.step(self.actions.plan(core.view, int(action[0]), int(action[1])))
+        latency = sim.step(self.actions.plan(sim.view, int(action[0]), int(action[1])))
         more = self._advance()
         self._steps += 1
         score = self._score_of(core)
@@ -170,7 +170,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def action_masks(self) -> np.ndarray:
         """Valid actions for sb3-contrib's MaskablePPO: budget levels, then rules."""
-        return self.actions.mask(self.sim.core.view)
+        return self.actions.mask(self.sim.view)
 
     # ---- hooks for later versions -------------------------------------------------------------
     def _episode_rng(self) -> np.random.Generator:
@@ -185,7 +185,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         return self.sim.advance_to_work()
 
     def _obs(self) -> np.ndarray:
-        return self.features(self.sim.core.view)
+        return self.features(self.sim.view)
 
     @staticmethod
     def _score_of(core) -> int:

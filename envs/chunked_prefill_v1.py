@@ -35,7 +35,7 @@ import numpy as np
 from envs.actions import ACTIONS_V1
 from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.features import FEATURE_NAMES_V1, features_v1
-from envs.serving.scheduling import Plan
+from envs.serving.loop import StepDecodes
 from envs.serving.workload import Workload, load_workload
 
 TRAIN_WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv", "sharegpt_poisson")
@@ -91,12 +91,8 @@ class ChunkedPrefillEnvV1(ChunkedPrefillEnv):
 
     def _advance(self) -> bool:
         """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
-        sim = self.sim
-        core = sim.core
+        core = self.sim.core
         n = len(core.requests)
-        while sim.advance_to_work():
-            if core.queue or core.n_good + core.n_bad == n:
-                return True
-            if not sim.fast_forward():
-                sim.step(Plan(decode=True))
-        return False
+        return self.sim.run_until(
+            StepDecodes(), stop=lambda: bool(core.queue) or core.n_good + core.n_bad == n
+        )

@@ -39,7 +39,7 @@ from torch import nn
 
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.chunked_prefill import ChunkedPrefillEnv
-from envs.serving.scheduling import Plan, Policy, View
+from envs.serving.scheduling import Plan, Policy, ServingView
 
 FORMAT = "chunkgym-policy"
 FORMAT_VERSION = 1
@@ -136,7 +136,7 @@ class ExportedPolicy(Policy):
         with torch.inference_mode():
             return self.net(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)).numpy()
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         level, rule = self.act_one(self.features(view), self.actions.mask(view) if self.masked else None)
         return self.actions.plan(view, level, rule)
 

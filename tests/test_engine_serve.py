@@ -10,8 +10,8 @@ import envs
 from engine.model import build_model
 from engine.serve import Engine, EngineResult, PacedRunner, VirtualClock, WallClock, prompt_tokens
 from envs.serving.core import ServingConfig
+from envs.serving.loop import ITERATION_COLUMNS
 from envs.serving.setup import ServingSetup
-from envs.serving.simulator import ITERATION_COLUMNS
 from policies.registry import make_policy
 from tests.simtools import make_trace
 
@@ -104,10 +104,11 @@ def test_physical_blocks_follow_the_core_every_iteration(model):
     engine = Engine(tr, serving, model, clock=clock)
     engine.runner = PacedRunner(engine.core, clock, engine.runner)
     policy = make_policy("sarathi_128")
-    policy.reset(engine.core)
+    loop = engine.loop
+    policy.reset(loop.view)
     steps = 0
-    while engine.advance_to_work():
-        engine.step(policy.plan(engine.core.view))
+    while loop.advance_to_work():
+        loop.step(policy.plan(loop.view))
         assert engine.blocks.num_used_blocks == engine.core.kv.used
         engine.blocks.check_consistency()
         steps += 1

@@ -57,7 +57,7 @@ def test_masked_actions_map_to_valid_ones_with_the_same_plan():
     rng = np.random.default_rng(0)
     checked = 0
     for _ in range(300):
-        view = env.sim.core.view
+        view = env.sim.view
         mask = action_mask(view)
         for level in range(NUM_LEVELS):
             for rule in range(3):

@@ -16,8 +16,8 @@ from engine.model import build_model
 from engine.replay import head, load_config, replay_trace, scheduler_overhead
 from engine.sim_to_real import compare, iteration_mape
 from envs.serving.cost_model import CostParams, RooflineCostModel, load_cost_model
+from envs.serving.loop import SimResult
 from envs.serving.setup import ServingSetup
-from envs.serving.simulator import SimResult
 from envs.serving.specs import load_hardware, load_model
 
 TRUTH = CostParams(

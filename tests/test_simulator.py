@@ -149,7 +149,7 @@ def test_rules_order_the_prefill_share():
     trace = make_trace([0.0, 0.0, 0.0], [3000, 100, 2000], [2, 2, 2])
     sim = make_sim(trace)
     sim.advance_to_work()
-    view = sim.core.view
+    view = sim.view
     first = {rule: plan_budget(view, 256, rule).chunks[0][0].rid for rule in Rule}
     assert first[Rule.FCFS] == 0 and first[Rule.SHORTEST_FIRST] == 1
 
