@@ -159,3 +159,27 @@ def test_setup_rejects_unknown_names():
         make_setup(model="gpt5")
     with pytest.raises(ValueError, match="h100_80gb"):
         make_setup(hardware="tpu")
+
+
+def test_a_run_cut_by_a_horizon_and_a_predicate_resumes_into_the_uninterrupted_run():
+    """``run_until`` stops between iterations: at the clock horizon (before admitting arrivals)
+    or when the predicate holds (on the state the policy sees next); resuming changes nothing."""
+    rng = np.random.default_rng(7)
+    n = 50
+    trace = make_trace(np.sort(rng.uniform(0, 4, n)), rng.integers(1, 3000, n), rng.integers(1, 200, n))
+    want = make_sim(trace).run(Sarathi(512))
+    sim = make_sim(trace)
+    policy = Sarathi(512)
+    assert sim.run_until(policy, until_s=1.0)
+    assert 1.0 <= sim.core.now < 1.0 + want.iterations["latency"].max()
+    core = sim.core
+    seen: list[int] = []
+    assert sim.run_until(policy, stop=lambda: seen.append(core.n_good) or core.n_good >= 10)
+    assert len(seen) > 1 and seen[-1] == core.n_good >= 10 > max(seen[:-1]), (
+        "stops at the first state that holds"
+    )
+    assert not sim.run_until(policy), "False once the trace is done"
+    got = sim.result()
+    for rid, t in want.token_times.items():
+        np.testing.assert_array_equal(t, got.token_times[rid])
+    np.testing.assert_array_equal(want.iterations["latency"], got.iterations["latency"])

@@ -1,7 +1,8 @@
 """The one run loop: schedule, execute, book-keep, once per iteration, for every driver.
 
 :class:`ServingLoop` drives a :class:`~envs.serving.core.ServingCore` with an
-:class:`Executor`; per iteration (:meth:`ServingLoop.step`)::
+:class:`Executor`; per iteration of :meth:`ServingLoop.run_until` (nano-vllm's
+``LLMEngine.step``: schedule, run, postprocess)::
 
     core.advance_to_work(executor.wait_until)   # admit arrivals; idle: wait for the next one
     plan = policy.plan(view)                    # the core, read through ServingView
