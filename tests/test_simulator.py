@@ -183,3 +183,9 @@ def test_a_run_cut_by_a_horizon_and_a_predicate_resumes_into_the_uninterrupted_r
     for rid, t in want.token_times.items():
         np.testing.assert_array_equal(t, got.token_times[rid])
     np.testing.assert_array_equal(want.iterations["latency"], got.iterations["latency"])
+    early = make_sim(trace)
+    cut = early.run(Sarathi(512), stop=lambda: early.core.n_bad + early.core.n_good >= n // 2)
+    assert cut.metrics["iterations"] < want.metrics["iterations"] and cut.metrics["requests"] == n
+    np.testing.assert_array_equal(
+        cut.iterations["latency"], want.iterations["latency"][: len(cut.iterations["latency"])]
+    )

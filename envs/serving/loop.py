@@ -169,11 +169,14 @@ class ServingLoop:
             step(plan(view))
         return True
 
-    def run(self, policy: Policy, fast_forward: bool = True) -> SimResult:
-        """Serve the whole trace with ``policy`` (reset first) and summarise the run."""
+    def run(
+        self, policy: Policy, fast_forward: bool = True, stop: Callable[[], bool] | None = None
+    ) -> SimResult:
+        """Serve the trace with ``policy`` (reset first) and summarise the run: to the end, or
+        until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
         wall = time.perf_counter()
         policy.reset(self.view)
-        self.run_until(policy, fast_forward=fast_forward)
+        self.run_until(policy, stop=stop, fast_forward=fast_forward)
         return self.result(time.perf_counter() - wall)
 
     def result(self, wall_s: float = math.nan) -> SimResult:
