@@ -1,14 +1,25 @@
 """chunkgym's serving model (``envs.serving``) and its Gymnasium envs.
 
-Importing this package registers one id per version of
+Importing this package (or ``chunkgym``) registers one id per version of
 :class:`envs.chunked_prefill.ChunkedPrefillEnv`: ``chunkgym/ChunkedPrefill-v0`` (one step
 per engine iteration) and ``chunkgym/ChunkedPrefill-v1`` (one step per scheduling
 decision, richer features, several workloads); the module's docstring has the version
 history.  :data:`ENV_ID` is the newest, the default everywhere.
 """
 
+from pathlib import Path
+
 import gymnasium
 from gymnasium.envs.registration import WrapperSpec
+
+import chunkgym
+
+if getattr(chunkgym, "__file__", None) is None:  # a folder without __init__.py: a namespace package
+    raise ImportError(
+        f"`import chunkgym` found the folder {', '.join(chunkgym.__path__)}, not chunkgym's package "
+        f"{Path(__file__).resolve().parent.parent / 'chunkgym'}: Python was started in the folder that "
+        "holds the clone, whose name shadows the package. Start Python in another folder (e.g. the clone's root)."
+    )
 
 __chunkgym__ = True
 

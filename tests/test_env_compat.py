@@ -1,5 +1,10 @@
 """Both env versions under the libraries' own conventions: Gymnasium's wrappers and vector envs,
-SB3's Monitor and PPO, sb3-contrib's MaskablePPO, a CleanRL-style loop; masks and renders."""
+SB3's Monitor and PPO, sb3-contrib's MaskablePPO, a CleanRL-style loop; masks, renders, imports."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +24,7 @@ pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.filterwarnings("ignore:.*ChunkedPrefill-v0 is out of date"),
 ]
+ROOT = Path(__file__).resolve().parent.parent
 IDS = [envs.ENV_ID_V0, envs.ENV_ID_V1]
 # max_steps truncates v0's long episodes, so every test sees episodes end
 KW = dict(
@@ -148,3 +154,41 @@ def test_timeline_stacks_decode_under_prefill_scaled_to_the_largest_batch():
     assert decode_px.tolist() == [24, 0, 72] and prefill_px.tolist() == [72, 96, 0]
     assert (columns[-decode_px[0] :, 0] == DECODE_RGB).all()  # decodes at the bottom
     assert (frame[:, :-3] == 255).all()
+
+
+def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_chunkgym_registers_the_envs():
+    code = (
+        "import gymnasium as gym; "
+        "env = gym.make('chunkgym:chunkgym/ChunkedPrefill-v1', workloads=['synthetic_azure_conv'], cost_model='roofline'); "
+        "print(type(env.unwrapped).__name__, env.unwrapped.version.number)"
+    )
+    done = _python(code, ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ChunkedPrefillEnv", "1"]
+
+
+def test_a_folder_named_chunkgym_in_the_working_directory_fails_clearly(tmp_path):
+    """Python started in the folder that holds a clone named ``chunkgym``: the clone shadows the package."""
+    (tmp_path / "chunkgym").mkdir()
+    packages = tmp_path / "site"
+    packages.mkdir()
+    (packages / "envs").symlink_to(ROOT / "envs")  # envs found elsewhere on the path, as the installed one is
+    done = _python("import envs", tmp_path, PYTHONPATH=str(packages))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        last.startswith("ImportError: `import chunkgym` found the folder")
+        and str(tmp_path / "chunkgym") in last
+    )
+    assert "Start Python in another folder" in last
