@@ -15,6 +15,7 @@ import envs
 from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS, action_mask, action_plan, canonical_action
 from envs.chunked_prefill import LATEST_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
+from policies.config import EnvConfig
 
 KW = dict(workload="synthetic_azure_conv", cost_model="roofline", window_s=20.0)
 TRAJECTORIES = Path(__file__).parent / "fixtures" / "env_trajectories.npz"
@@ -48,6 +49,7 @@ def test_one_class_for_every_version_and_the_newest_is_the_default():
     assert {s.entry_point for s in specs} == {"envs.chunked_prefill:ChunkedPrefillEnv"}
     assert [s.kwargs["version"] for s in specs] == [0, 1]
     assert envs.ENV_ID == envs.ENV_ID_V1 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
+    assert EnvConfig().id == envs.ENV_ID  # what train.py trains on
     assert (
         ChunkedPrefillEnv(cost_model="roofline", workload="synthetic_azure_conv").version.number
         == LATEST_VERSION
