@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from envs import ENV_ID
+from envs.chunked_prefill import version_of
 from envs.serving.scheduling import Plan, Policy, ServingView
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.export import write_export
-from policies.exported import ExportedPolicy, PolicyNet, env_class, load_policy
+from policies.exported import ExportedPolicy, PolicyNet, load_policy
 from policies.registry import SHIPPED_LEARNED, make_policy
 
 
@@ -62,8 +63,8 @@ class Timed(Policy):
 def untrained_policy(directory: Path, env_id: str) -> ExportedPolicy:
     """A freshly initialised network of train.py's default shape for ``env_id``, exported and loaded back."""
     torch.manual_seed(0)
-    env = env_class(env_id)
-    net = PolicyNet([len(env.feature_names), 64, 64], env.actions.nvec)
+    version = version_of(env_id)
+    net = PolicyNet([len(version.feature_names), 64, 64], version.actions.nvec)
     write_export(net, env_id, directory, {"note": "untrained, for latency only"})
     return load_policy(directory)
 

@@ -58,3 +58,6 @@ def require_own_packages() -> None:
                 f"shadowing it: `pip uninstall {name}` and install chunkgym with `pip install -e .` "
                 f"from the repository root."
             )
+
+
+import envs  # noqa: E402, F401  (registers the Gymnasium envs: `import chunkgym` is enough for gym.make)

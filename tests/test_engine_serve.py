@@ -128,10 +128,10 @@ def test_an_exported_policy_runs_unchanged(model, tmp_path):
     from policies.export import write_export
     from policies.exported import PolicyNet, env_contract
 
-    contract = env_contract(envs.ENV_ID)
+    contract = env_contract(envs.ENV_ID_V0)
     torch.manual_seed(0)
     net = PolicyNet([len(contract["feature_names"]), 8], contract["nvec"]).eval()
-    write_export(net, envs.ENV_ID, tmp_path, {"algo": "untrained stub"})
+    write_export(net, envs.ENV_ID_V0, tmp_path, {"algo": "untrained stub"})
     tr, serving = trace(), setup()
     _, got = paced(tr, serving, model, f"learned:{tmp_path}")
     want = serving.simulator(tr).run(make_policy(f"learned:{tmp_path}"))
