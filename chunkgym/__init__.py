@@ -60,4 +60,4 @@ def require_own_packages() -> None:
             )
 
 
-import envs  # noqa: E402, F401  (registers the Gymnasium envs: `import chunkgym` is enough for gym.make)
+from chunkgym import registration  # noqa: E402, F401  (registers the envs: `import chunkgym` is enough)

@@ -9,9 +9,6 @@ history.  :data:`ENV_ID` is the newest, the default everywhere.
 
 from pathlib import Path
 
-import gymnasium
-from gymnasium.envs.registration import WrapperSpec
-
 import chunkgym
 
 if getattr(chunkgym, "__file__", None) is None:  # a folder without __init__.py: a namespace package
@@ -23,18 +20,6 @@ if getattr(chunkgym, "__file__", None) is None:  # a folder without __init__.py:
 
 __chunkgym__ = True
 
-ENV_ID_V0 = "chunkgym/ChunkedPrefill-v0"
-ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
-ENV_ID = ENV_ID_V1
-"""The newest version: the default of train.py, the leaderboard and the benchmarks."""
+from chunkgym.registration import ENV_ID, ENV_ID_V0, ENV_ID_V1  # noqa: E402  (registers the envs)
 
-_ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
-
-for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1)):
-    if _id not in gymnasium.registry:
-        gymnasium.register(
-            id=_id,
-            entry_point="envs.chunked_prefill:ChunkedPrefillEnv",
-            kwargs={"version": _version},
-            additional_wrappers=(_ACTION_MASKS,),
-        )
+__all__ = ["ENV_ID", "ENV_ID_V0", "ENV_ID_V1"]
