@@ -1,13 +1,15 @@
-"""engine/profile.py: compositions become runnable batches and rows in the cost model's terms."""
+"""Our engine as a profiling source: compositions become runnable batches and rows in the cost model's terms."""
 
 from __future__ import annotations
 
 import csv
+import sys
 
 import pytest
 import torch
 
-from engine.profile import Composition, default_compositions, main, measure
+from calibration.iterations import Composition
+from calibration.sources.engine import default_compositions, main, measure
 
 
 def test_composition_items_use_disjoint_blocks_and_the_stated_contexts():
@@ -31,14 +33,22 @@ def test_measure_reports_cost_model_arguments():
     assert all(0 < r["min_s"] <= r["median_s"] and r["repeats"] == 3 for r in rows)
 
 
-def test_cli_writes_one_row_per_default_composition(tmp_path, capsys):
+def test_cli_writes_one_row_per_default_composition(tmp_path, capsys, monkeypatch):
     out = tmp_path / "tiny.csv"
-    threads = str(torch.get_num_threads())
-    main(["--preset", "tiny", "--threads", threads, "--repeats", "1", "--warmup", "0", "--csv", str(out)])
+    threads = f"threads={torch.get_num_threads()}"
+    monkeypatch.setattr(sys, "argv", ["probe", "preset=tiny", threads, "repeats=1", "warmup=0", f"csv={out}"])
+    main()
     with out.open() as f:
         labels = [row["label"] for row in csv.DictReader(f)]
     assert labels == [c.label for c in default_compositions()]
     assert "prefill 2048" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["preset=huge", "dtype=int8"])
+def test_cli_names_a_bad_choice_before_building_a_model(bad, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["probe", bad])
+    with pytest.raises(SystemExit, match=bad.split("=")[0]):
+        main()
 
 
 @pytest.mark.parametrize(
