@@ -5,13 +5,13 @@ Skipped when the data root (``CHUNKGYM_DATA`` or ../shared/data) is absent.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import chunkgym
-from calibration.__main__ import main
 from calibration.cost_files import write_cost_files
 from calibration.from_published import Calibration, calibrate
 from calibration.report import summary
@@ -85,12 +85,19 @@ def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Pat
     assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"
 
 
-def test_cli_writes_files_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_writes_files_and_report(tmp_path: Path) -> None:
     args = [f"data_root={DATA}", f"out={tmp_path / 'cost'}", f"report={tmp_path / 'report'}"]
-    monkeypatch.setattr(
-        sys, "argv", ["calibration", *args, "hardware=[h100_80gb]", "models=[llama2_7b]", "tp=[1,2]"]
-    )
-    main()
+    cmd = [
+        sys.executable,
+        "-m",
+        "calibration",
+        *args,
+        "hardware=[h100_80gb]",
+        "models=[llama2_7b]",
+        "tp=[1,2]",
+    ]
+    proc = subprocess.run(cmd, cwd=chunkgym.REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "cost").glob("*.yaml")) == [
         "h100_80gb__llama2_7b__tp1.yaml",
         "h100_80gb__llama2_7b__tp2.yaml",

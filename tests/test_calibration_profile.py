@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,13 +12,19 @@ import pytest
 import chunkgym
 from calibration import table_fits
 from calibration.sources import vidur
-from calibration.sources.torch_ops import SMOKE_TOKENS, default_tokens, main, vidur_columns
+from calibration.sources.torch_ops import SMOKE_TOKENS, Options, default_tokens, run, vidur_columns
 
 
-def test_smoke_profile_is_a_fittable_vidur_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def torch_ops(*args: str) -> subprocess.CompletedProcess:
+    """The command line, in its own process (Hydra configures logging for the whole process)."""
+    cmd = [sys.executable, "-m", "calibration.sources.torch_ops", *args]
+    return subprocess.run(cmd, cwd=chunkgym.REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_smoke_profile_is_a_fittable_vidur_table(tmp_path: Path) -> None:
     out = tmp_path / "mlp.csv"
-    monkeypatch.setattr(sys, "argv", ["torch_ops", "smoke=true", "device=cpu", f"out={out}"])
-    main()
+    proc = torch_ops("smoke=true", "device=cpu", f"out={out}")
+    assert proc.returncode == 0, proc.stderr
     table = vidur.read_op_table(out)
     assert list(table.columns) == vidur_columns()
     assert sorted(table["num_tensor_parallel_workers"].unique()) == [1, 2]
@@ -38,15 +45,14 @@ def test_columns_match_vidur_and_grid_matches_its_token_points() -> None:
     assert default_tokens(4096)[:4] == [1, 2, 4, 8] and default_tokens(4096)[-1] == 4096
 
 
-@pytest.mark.parametrize(
-    ("args", "with_out"), [(["smoke=true"], False), (["tp=[one]"], True), (["dtype=int8"], True)]
-)
-def test_bad_command_line_stops_before_profiling(
-    args: list[str], with_out: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    out = [f"out={tmp_path / 'mlp.csv'}"] if with_out else []
-    monkeypatch.setattr(sys, "argv", ["torch_ops", *args, *out])
-    with pytest.raises(SystemExit) as info:
-        main()
-    assert info.value.code not in (0, None)
+@pytest.mark.parametrize(("args", "key"), [(["smoke=true"], "out"), (["tp=[one]", "out=x.csv"], "tp")])
+def test_bad_command_line_is_named_before_profiling(args: list[str], key: str) -> None:
+    proc = torch_ops(*args)
+    assert proc.returncode != 0 and key in proc.stderr
+    assert not (chunkgym.REPO_ROOT / "x.csv").exists()
+
+
+def test_unknown_dtype_stops_before_profiling(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="dtype: 'int8'"):
+        run(Options(out=str(tmp_path / "mlp.csv"), dtype="int8"))
     assert not list(tmp_path.iterdir())
