@@ -64,3 +64,13 @@ def test_a_bad_choice_is_named_before_building_a_model(field, value):
 def test_bad_composition_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Composition("bad", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"), [("replay.model=nope", "unknown model 'nope'"), ("repeats=x", "repeats")]
+)
+def test_engine_calibration_names_bad_input_before_profiling(tmp_path, override, named):
+    cmd = [sys.executable, "-m", "calibration.from_engine", override, f"out={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and named in proc.stderr
+    assert not list(tmp_path.iterdir())
