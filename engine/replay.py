@@ -35,10 +35,10 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from calibration.iterations import Composition
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
-from engine.profile import Composition
 from engine.runner import ModelRunner
 from engine.serve import IDLE_MODES, Engine, EngineResult, WallClock
 from envs.serving.loop import SimResult

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.from_engine import calibrate
 from chunkgym import resolve_path
-from engine.calibrate import calibrate
 from engine.replay import ReplayConfig, check, load_config, replay
 from engine.replay import write as write_replay
 from envs.serving.loop import SimResult
