@@ -1,4 +1,4 @@
-"""Train a token-budget scheduling policy on ``chunkgym/ChunkedPrefill-v0``.
+"""Train a token-budget scheduling policy on ``chunkgym/ChunkedPrefill-v1`` (``env.id``; v0 too).
 
     python train.py                                   # defaults: conf/train.yaml
     python train.py algo=ppo workload=azure_code seed=1 algo.total_timesteps=200000

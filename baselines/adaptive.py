@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envs.serving.scheduling import Plan, Policy, Rule, View, plan_budget, plan_latency
+from envs.serving.scheduling import Plan, Policy, Rule, ServingView, plan_budget, plan_latency
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
 
 
-def adaptive_level(view: View, levels: Sequence[int], rule: Rule, target_s: float) -> tuple[int, Plan]:
+def adaptive_level(view: ServingView, levels: Sequence[int], rule: Rule, target_s: float) -> tuple[int, Plan]:
     """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
     within ``target_s``; its index and plan (the smallest level if none fits)."""
     lo, hi = 0, len(levels) - 1
@@ -33,7 +33,7 @@ class Adaptive(Policy):
     Every token gap then stays near the target, while quiet periods get big, efficient
     prefill chunks.  With ``spend_slack`` the target grows by the least TPOT slack any
     stream still meeting its SLO has banked (``B * (tokens - 1) - elapsed``, see
-    :meth:`~envs.serving.core.DecodeGroup.min_tpot_slack`), capped by the stall bound:
+    :meth:`~envs.serving.scheduling.ServingView.min_tpot_slack`), capped by the stall bound:
     an iteration of that length keeps every such stream's TPOT so far within bound.  Needs the cost model, so it predicts with whatever model the
     backend was calibrated with (the simulator's, or the engine's fitted profile).
     """
@@ -55,16 +55,16 @@ class Adaptive(Policy):
         self._target = 0.0
         self._stall = 0.0
 
-    def reset(self, core) -> None:
-        self._target = self.target_fraction * core.slo.tpot_s
-        self._stall = core.slo.stall_s
+    def reset(self, view: ServingView) -> None:
+        self._target = self.target_fraction * view.slo.tpot_s
+        self._stall = view.slo.stall_s
 
-    def target_s(self, view: View) -> float:
+    def target_s(self, view: ServingView) -> float:
         """The latency the next iteration may take."""
         if not self.spend_slack:
             return self._target
-        slack = view.core.decode.min_tpot_slack()  # inf when no stream can still meet its SLO
+        slack = view.min_tpot_slack()  # inf when no stream can still meet its SLO
         return min(self._stall, self._target + max(0.0, slack))
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         return adaptive_level(view, self.levels, self.rule, self.target_s(view))[1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import Plan, Policy, View, plan_budget
+from envs.serving.scheduling import Plan, Policy, ServingView, plan_budget
 
 
 class FixedChunk(Policy):
@@ -21,10 +21,10 @@ class FixedChunk(Policy):
         self.name = f"fixed_chunk_{chunk}"
         self._last_was_chunk = False
 
-    def reset(self, core) -> None:
+    def reset(self, view: ServingView) -> None:
         self._last_was_chunk = False
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         if view.queue and not (self._last_was_chunk and view.num_decode):
             plan = plan_budget(view, self.chunk, with_decodes=False)
             if plan.chunks:

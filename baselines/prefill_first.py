@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import Plan, Policy, View, plan_budget
+from envs.serving.scheduling import Plan, Policy, ServingView, blocks_needed, plan_budget
 
 
 class PrefillFirst(Policy):
@@ -22,10 +22,10 @@ class PrefillFirst(Policy):
         self.whole_prompts = whole_prompts
         self._limit = max_batched_tokens
 
-    def reset(self, core) -> None:
-        self._limit = self.max_batched_tokens or core.max_model_len
+    def reset(self, view: ServingView) -> None:
+        self._limit = self.max_batched_tokens or view.max_model_len
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         if view.queue:
             plan = (
                 self._whole(view)
@@ -36,13 +36,12 @@ class PrefillFirst(Policy):
                 return plan
         return Plan(decode=True)
 
-    def _whole(self, view: View) -> Plan:
+    def _whole(self, view: ServingView) -> Plan:
         plan = Plan(decode=False)
-        core = view.core
-        free, slots, tokens = view.free_blocks, view.free_slots, 0
+        bs, free, slots, tokens = view.block_size, view.free_blocks, view.free_slots, 0
         for req in view.lookahead:
             n = req.target - req.computed
-            need = core.blocks_needed(req, n)
+            need = blocks_needed(bs, req, n)
             if (plan.chunks and tokens + n > self._limit) or need > free or (not req.running and slots <= 0):
                 break
             plan.chunks.append((req, n))

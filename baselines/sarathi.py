@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import Plan, Policy, Rule, View, plan_budget
+from envs.serving.scheduling import Plan, Policy, Rule, ServingView, plan_budget
 
 
 class Sarathi(Policy):
@@ -20,5 +20,5 @@ class Sarathi(Policy):
         self.rule = Rule[rule.upper()]
         self.name = f"sarathi_{budget}"
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         return plan_budget(view, self.budget, self.rule)

@@ -1,6 +1,6 @@
 """Fidelity of the calibrated cost model: prints the report tables, then one JSON line.
 
-    python bench/fidelity.py [--data-root PATH]
+    python bench/fidelity.py [data_root=PATH]
 
 Refits everything from the data (nothing is read from ``conf/cost``), so the numbers are
 reproducible from the raw tables.  The JSON's MAPEs are fractions: ``per_layer_mape_max``
@@ -11,13 +11,14 @@ one ``iteration_time`` call in microseconds for a calibrated model and the roofl
 
 from __future__ import annotations
 
-import argparse
 import json
 import timeit
+from dataclasses import dataclass
 
-from calibration.pipeline import calibrate
+from calibration.from_published import calibrate
 from calibration.report import markdown, summary
 from chunkgym import data_root
+from chunkgym.cli import hydra_cli
 from envs.serving.cost_model import RooflineCostModel, roofline_params
 from envs.serving.specs import load_hardware, load_model
 
@@ -32,11 +33,16 @@ def iteration_time_us(model: RooflineCostModel) -> dict[str, float]:
     return {"decode_only": decode / TIMING_CALLS * 1e6, "mixed": mixed / TIMING_CALLS * 1e6}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-root", default=None)
-    args = parser.parse_args()
-    cal = calibrate(data_root(args.data_root))
+@dataclass
+class Options:
+    """``bench/fidelity.py``'s options."""
+
+    data_root: str | None = None  # data folder; null: $CHUNKGYM_DATA or ../shared/data
+
+
+@hydra_cli(Options, name="bench_fidelity")
+def main(opts: Options) -> None:
+    cal = calibrate(data_root(opts.data_root))
     print(markdown(cal))
     result = summary(cal)
     example = next(f for f in cal.files if (f.hardware, f.model, f.tp) == ("a100_80gb", "llama2_70b", 4))

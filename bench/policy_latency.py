@@ -25,11 +25,12 @@ import torch
 from chunkgym.cli import hydra_cli
 from chunkgym.config import POSITIVE
 from envs import ENV_ID
-from envs.serving.scheduling import Plan, Policy, View
+from envs.chunked_prefill import version_of
+from envs.serving.scheduling import Plan, Policy, ServingView
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.export import write_export
-from policies.exported import ExportedPolicy, PolicyNet, env_class, load_policy
+from policies.exported import ExportedPolicy, PolicyNet, load_policy
 from policies.registry import SHIPPED_LEARNED, make_policy
 
 
@@ -41,7 +42,7 @@ class Timed(Policy):
         self.ns: list[int] = []
         self.stages: dict[str, list[int]] = {"features": [], "mask": [], "network": [], "planner": []}
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         clock = time.perf_counter_ns
         start = clock()
         plan = self.inner.plan(view)
@@ -64,8 +65,8 @@ class Timed(Policy):
 def untrained_policy(directory: Path, env_id: str) -> ExportedPolicy:
     """A freshly initialised network of train.py's default shape for ``env_id``, exported and loaded back."""
     torch.manual_seed(0)
-    env = env_class(env_id)
-    net = PolicyNet([len(env.feature_names), 64, 64], env.actions.nvec)
+    version = version_of(env_id)
+    net = PolicyNet([len(version.feature_names), 64, 64], version.actions.nvec)
     write_export(net, env_id, directory, {"note": "untrained, for latency only"})
     return load_policy(directory)
 

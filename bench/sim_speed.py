@@ -35,7 +35,7 @@ VIDUR_ITERATIONS_PER_S = 8.2e3
 
 
 def env_steps_per_s(steps: int, cost_model: str) -> float:
-    env = gym.make(envs.ENV_ID, cost_model=cost_model, workload="azure_conv")
+    env = gym.make(envs.ENV_ID_V0, cost_model=cost_model, workload="azure_conv")
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     mask_of = env.unwrapped.action_masks

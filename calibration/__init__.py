@@ -1,9 +1,20 @@
-"""Calibration of chunkgym's iteration cost model against real GPU timings.
+"""Calibration of chunkgym's iteration cost model: measured times in, ``conf/cost/*.yaml`` out.
 
-Fits the coefficients of :class:`envs.serving.cost_model.CostParams` from Vidur-format
-per-op tables (``vidur/profiling``) and whole-request runs (``splitwise/perf_model.csv``),
-derives the configurations no table covers, and writes one coefficient file per
-hardware x model x tensor-parallel degree into ``conf/cost/``.  Run ``python -m calibration``.
+Every coefficient file holds :class:`envs.serving.cost_model.CostParams` for one hardware x model x
+tensor-parallel degree, fitted by the one routine :func:`calibration.fit.fit_knee_grid`:
+
+* ``python -m calibration``: published profiles (:mod:`calibration.sources.vidur` per-op tables,
+  :mod:`calibration.sources.splitwise` whole-request runs) -> every GPU file, derived where no table
+  exists (:mod:`calibration.from_published`; per-layer fits :mod:`~calibration.table_fits`, kernel
+  terms :mod:`~calibration.kernels`, attention and engine terms :mod:`~calibration.whole_request`,
+  roofline scaling :mod:`~calibration.derive`, the fidelity report :mod:`~calibration.report`);
+* ``python -m calibration.from_engine``: our engine timed on this machine
+  (:mod:`calibration.sources.engine`) over batch compositions, whole-iteration fit
+  (:mod:`calibration.iterations`) -> ``<hardware>__<model>__tp1.yaml``;
+* ``python -m calibration.sources.torch_ops``: one layer's ops timed in plain PyTorch on this
+  device, written as a Vidur-format table the published-profile fit reads.
+
+Files are written by :mod:`calibration.cost_files`.
 """
 
 __chunkgym__ = True

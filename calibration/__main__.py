@@ -1,44 +1,43 @@
-"""``python -m calibration``: fit the cost model, write ``conf/cost/*.yaml`` and the fidelity report."""
+"""``python -m calibration``: fit the cost model to published profiles, write ``conf/cost/*.yaml`` and the fidelity report.
+
+    python -m calibration                                  # every GPU x model x tp into conf/cost
+    python -m calibration out=DIR report=null "hardware=[h100_80gb]" "models=[llama2_7b]" "tp=[1,2]"
+
+``data_root`` defaults to ``$CHUNKGYM_DATA`` or ``../shared/data``; ``report=null`` writes the
+coefficient files only.
+"""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 
-from calibration.files import write_cost_files
-from calibration.pipeline import HARDWARE, MODELS, TENSOR_PARALLEL, calibrate
+from calibration.cost_files import write_cost_files
+from calibration.from_published import HARDWARE, MODELS, TENSOR_PARALLEL, calibrate
 from calibration.report import markdown, plot, summary
 from chunkgym import data_root, resolve_path
-from envs.serving.cost_model import COST_DIR
-
-DEFAULT_REPORT_DIR = "reports/calibration"
+from chunkgym.cli import hydra_cli
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m calibration", description=__doc__)
-    parser.add_argument(
-        "--data-root", default=None, help="data folder (default: $CHUNKGYM_DATA or ../shared/data)"
-    )
-    parser.add_argument(
-        "--out-dir", default=str(COST_DIR), help="where coefficient files go (default: conf/cost)"
-    )
-    parser.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, help="fidelity.md and the plot go here")
-    parser.add_argument("--no-report", action="store_true", help="write coefficient files only")
-    parser.add_argument("--hardware", nargs="+", default=list(HARDWARE), help="conf/hardware names")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), help="conf/model names")
-    parser.add_argument(
-        "--tp", nargs="+", type=int, default=list(TENSOR_PARALLEL), help="tensor-parallel degrees"
-    )
-    return parser.parse_args(argv)
+@dataclass
+class Options:
+    """``python -m calibration``'s options."""
+
+    data_root: str | None = None  # data folder; null: $CHUNKGYM_DATA or ../shared/data
+    out: str = "conf/cost"  # where coefficient files go
+    report: str | None = "reports/calibration"  # fidelity.md and the plot go here; null: none
+    hardware: list[str] = field(default_factory=lambda: list(HARDWARE))  # conf/hardware names
+    models: list[str] = field(default_factory=lambda: list(MODELS))  # conf/model names
+    tp: list[int] = field(default_factory=lambda: list(TENSOR_PARALLEL))  # tensor-parallel degrees
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    root = data_root(args.data_root)
-    cal = calibrate(root, args.hardware, args.models, args.tp)
-    written = write_cost_files(cal.files, resolve_path(args.out_dir))
-    print(f"wrote {len(written)} coefficient files to {resolve_path(args.out_dir)}")
-    if not args.no_report:
-        report_dir = resolve_path(args.report_dir)
+def run(opts: Options) -> None:
+    """Fit, write the coefficient files (and the report), print the headline numbers."""
+    cal = calibrate(data_root(opts.data_root), opts.hardware, opts.models, opts.tp)
+    out = resolve_path(opts.out)
+    written = write_cost_files(cal.files, out)
+    print(f"wrote {len(written)} coefficient files to {out}")
+    if opts.report is not None:
+        report_dir = resolve_path(opts.report)
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "fidelity.md").write_text(markdown(cal))
         plot(cal, report_dir / "predicted_vs_measured.png")
@@ -46,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in summary(cal).items():
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
 
+
+main = hydra_cli(Options, name="calibration")(run)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,17 @@
-"""A roofline with tile steps, fitted to any (size, time) series by non-negative least squares.
+"""The one fitting routine of calibration, and the per-layer curve it fits to Vidur tables.
 
-The shape, for ``x`` tokens (or bytes)::
+:func:`fit_knee_grid` fits every measured cost in the package: non-negative least squares
+on relative residuals (the metric is MAPE), with columns::
+
+    1, x, max(x - knee, 0), <extra columns>, [x > threshold_k] ...
+
+for each knee of a grid; the best knee wins.  With the knee fixed the model is linear in
+its coefficients, so each knee is one NNLS solve.  Per-layer tables (``x`` = tokens) and
+collectives (``x`` = bytes) use it through :func:`fit_step_roofline`; whole-iteration
+profiles of a live engine add the attention and per-sequence columns
+(:mod:`calibration.iterations`).
+
+The per-layer shape, for ``x`` tokens (or bytes)::
 
     y(x) = fixed + per_unit * x + mem + slope * max(x - knee, 0) + sum_k height_k * [x > threshold_k]
 
@@ -8,9 +19,7 @@ Below the knee the GEMMs are memory-bound (``mem``: weights read once) and launc
 ``fixed``; above it they are compute-bound at ``slope`` per unit.  ``per_unit`` covers the
 ops whose traffic grows with ``x`` (norms, activations), and the steps are where a GEMM
 needs one more row tile or wave.  Every coefficient is >= 0, so the curve never falls as
-``x`` grows.  With the knee fixed the model is linear in its coefficients, so each
-candidate knee is one NNLS solve on relative residuals (the metric is MAPE), and the best
-knee wins.  The knee is free rather than ``mem / slope``: large GEMMs approach their peak
+``x`` grows.  The knee is free rather than ``mem / slope``: large GEMMs approach their peak
 rate gradually, so the compute line does not pass through the origin.  Beyond the
 largest measured ``x`` the curve is a straight line of slope ``per_unit + slope``.
 
@@ -87,6 +96,78 @@ def token_step_candidates(max_tokens: float) -> np.ndarray:
     return np.arange(TOKEN_STEP, top + 1, TOKEN_STEP, dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class KneeFit:
+    """What :func:`fit_knee_grid` found: one coefficient per column, the knee, the step thresholds kept."""
+
+    coef: np.ndarray
+    knee: float
+    thresholds: np.ndarray
+
+    @property
+    def heights(self) -> np.ndarray:
+        """The step columns' coefficients, one per threshold."""
+        return self.coef[len(self.coef) - len(self.thresholds) :]
+
+
+def fit_knee_grid(
+    x: np.ndarray,
+    y: np.ndarray,
+    knees: Sequence[float] | None = None,
+    extra: np.ndarray | None = None,
+    step_candidates: Sequence[float] = (),
+    max_steps: int = MAX_STEPS,
+    per_unit: bool = True,
+) -> KneeFit:
+    """Least relative squared error, non-negative coefficients, the best of ``knees``.
+
+    ``knees=None`` tries 0 and :data:`KNEE_GRID` points spaced geometrically over ``x``.
+    Columns (see the module docstring): ones, ``x`` (zeros if not ``per_unit``), the hinge at
+    the knee, each column of ``extra`` (``len(x)`` rows), and a step ``[x > t]`` per candidate
+    inside the data's range; if more than ``max_steps`` candidates, the largest steps of a
+    first solve are kept and solved again.  All ``y`` must be > 0.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 4:
+        raise ValueError(f"need matching 1-d x and y with at least 4 points, got {x.shape} and {y.shape}")
+    if not np.all(y > 0) or not np.all(np.isfinite(x)):
+        raise ValueError("times must be positive and sizes finite")
+    extra = np.empty((len(x), 0)) if extra is None else np.asarray(extra, dtype=np.float64)
+    knees = _knee_grid(x) if knees is None else knees
+    candidates = np.asarray(step_candidates, dtype=np.float64)
+    candidates = candidates[(candidates >= x.min()) & (candidates < x.max())]
+    best: tuple[float, KneeFit] | None = None
+    for knee in knees:
+        thresholds = candidates
+        a = _design(x, float(knee), extra, thresholds, per_unit) / y[:, None]
+        coef = _nnls(a)
+        if len(thresholds) > max_steps:
+            heights = coef[len(coef) - len(thresholds) :]
+            thresholds = thresholds[np.sort(np.argsort(-heights, kind="stable")[:max_steps])]
+            a = _design(x, float(knee), extra, thresholds, per_unit) / y[:, None]
+            coef = _nnls(a)
+        loss = float(np.sum((a @ coef - 1.0) ** 2))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, KneeFit(coef, float(knee), thresholds))
+    assert best is not None, "need at least one knee"
+    return best[1]
+
+
+def _design(
+    x: np.ndarray, knee: float, extra: np.ndarray, thresholds: np.ndarray, per_unit: bool
+) -> np.ndarray:
+    columns = [np.ones_like(x), x if per_unit else np.zeros_like(x), np.maximum(x - knee, 0.0)]
+    columns += list(extra.T)
+    columns += [(x > t).astype(np.float64) for t in thresholds]
+    return np.stack(columns, axis=1)
+
+
+def _nnls(a: np.ndarray) -> np.ndarray:
+    coef, _ = nnls(a, np.ones(a.shape[0]), maxiter=50 * a.shape[1])
+    return coef
+
+
 def fit_step_roofline(
     x: np.ndarray,
     y: np.ndarray,
@@ -95,55 +176,19 @@ def fit_step_roofline(
     per_unit: bool = True,
     knee: bool = True,
 ) -> StepRoofline:
-    """Least relative squared error fit of :class:`StepRoofline` to ``y(x)`` (all y > 0).
+    """:class:`StepRoofline` fitted to ``y(x)`` (all y > 0) by :func:`fit_knee_grid`.
 
     ``per_unit=False`` drops the linear term below the knee; ``knee=False`` fits a plain
     line ``fixed + slope * x`` (used for collectives, which the cost model keeps linear).
     """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1 or len(x) < 4:
-        raise ValueError(f"need matching 1-d x and y with at least 4 points, got {x.shape} and {y.shape}")
-    if not np.all(y > 0) or not np.all(np.isfinite(x)):
-        raise ValueError("times must be positive and sizes finite")
-    candidates = np.asarray(step_candidates, dtype=np.float64)
-    knees = _knee_grid(x) if knee else np.zeros(1)
-    best: tuple[float, StepRoofline] | None = None
-    for x0 in knees:
-        model = _fit_at_knee(x, y, float(x0), candidates, max_steps, per_unit)
-        loss = float(np.sum((model.predict(x) / y - 1.0) ** 2))
-        if best is None or loss < best[0] - 1e-12:
-            best = (loss, model)
-    assert best is not None
-    return best[1]
+    fit = fit_knee_grid(x, y, None if knee else (0.0,), None, step_candidates, max_steps, per_unit)
+    steps = tuple((float(t), float(h)) for t, h in zip(fit.thresholds, fit.heights, strict=True) if h > 0)
+    return StepRoofline(float(fit.coef[0]), float(fit.coef[1]), 0.0, float(fit.coef[2]), fit.knee, steps)
 
 
 def _knee_grid(x: np.ndarray) -> np.ndarray:
     lo, hi = max(float(x.min()), 1.0), float(x.max())
     return np.concatenate(([0.0], np.unique(np.round(np.geomspace(lo, hi / 2, KNEE_GRID)))))
-
-
-def _fit_at_knee(
-    x: np.ndarray, y: np.ndarray, x0: float, candidates: np.ndarray, max_steps: int, per_unit: bool
-) -> StepRoofline:
-    thresholds = candidates[(candidates >= x.min()) & (candidates < x.max())]
-    coef = _nnls(x, y, x0, thresholds, per_unit)
-    heights = coef[3:]
-    if len(heights) > max_steps:
-        keep = np.sort(np.argsort(-heights, kind="stable")[:max_steps])
-        thresholds = thresholds[keep]
-        coef = _nnls(x, y, x0, thresholds, per_unit)
-        heights = coef[3:]
-    steps = tuple((float(t), float(h)) for t, h in zip(thresholds, heights, strict=True) if h > 0)
-    return StepRoofline(float(coef[0]), float(coef[1]), 0.0, float(coef[2]), x0, steps)
-
-
-def _nnls(x: np.ndarray, y: np.ndarray, x0: float, thresholds: np.ndarray, per_unit: bool) -> np.ndarray:
-    columns = [np.ones_like(x), x if per_unit else np.zeros_like(x), np.maximum(x - x0, 0.0)]
-    columns += [(x > t).astype(np.float64) for t in thresholds]
-    a = np.stack(columns, axis=1) / y[:, None]
-    coef, _ = nnls(a, np.ones_like(y), maxiter=50 * a.shape[1])
-    return coef
 
 
 def holdout_mask(n: int, fraction: float = 0.2, seed: int = 0) -> np.ndarray:

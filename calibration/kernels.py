@@ -2,7 +2,7 @@
 
 These are the device-side terms of the cost model that the Vidur tables measure (linear
 ops, all-reduce) plus the LM head from the same fit; attention and engine terms are zero
-here and come from :mod:`calibration.engine`.
+here and come from :mod:`calibration.whole_request`.
 """
 
 from __future__ import annotations

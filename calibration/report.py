@@ -1,6 +1,6 @@
 """The fidelity report: Markdown tables and a predicted-vs-measured plot.
 
-:func:`summary` reduces a :class:`~calibration.pipeline.Calibration` to the headline
+:func:`summary` reduces a :class:`~calibration.from_published.Calibration` to the headline
 numbers (what ``bench/fidelity.py`` prints as JSON).
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.pipeline import Calibration
-from calibration.vidur import ALL_OPS
+from calibration.from_published import Calibration
+from calibration.sources.vidur import ALL_OPS
 
 OP_LABELS = {
     "emb": "emb",

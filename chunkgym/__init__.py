@@ -58,3 +58,6 @@ def require_own_packages() -> None:
                 f"shadowing it: `pip uninstall {name}` and install chunkgym with `pip install -e .` "
                 f"from the repository root."
             )
+
+
+from chunkgym import registration  # noqa: E402, F401  (registers the envs: `import chunkgym` is enough)

@@ -32,17 +32,17 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibration.iterations import Composition
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli, load_options
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
-from engine.profile import Composition
 from engine.runner import ModelRunner
 from engine.serve import IDLE_MODES, Engine, EngineResult, WallClock
 from envs.serving.core import ServingConfig
+from envs.serving.loop import SimResult
 from envs.serving.metrics import load_slo
 from envs.serving.setup import serving_config
-from envs.serving.simulator import SimResult
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.workloads.trace import Trace
 from leaderboard.runs import RowResult, RunSpec, SetupKey, result_row

@@ -1,11 +1,12 @@
-"""The engine's scheduler: the simulator's :class:`~envs.serving.core.ServingCore` on a real clock.
+"""The engine: the simulator's run loop and :class:`~envs.serving.core.ServingCore` on a real clock.
 
-Per iteration, exactly as :class:`~envs.serving.simulator.Simulator` does with its cost model::
+:class:`Engine` is the :class:`~envs.serving.loop.Executor` of a
+:class:`~envs.serving.loop.ServingLoop`, exactly as the simulator's cost-model clock is::
 
-    core.prepare()                            # admit arrivals due by now (sleep when idle), preempt
-    plan = policy.plan(core.view)             # any Policy: baselines, learned:PATH, ...
+    core.advance_to_work(engine.wait_until)   # admit arrivals due by now (sleep when idle), preempt
+    plan = policy.plan(view)                  # any Policy: baselines, learned:PATH, ...
     batch = core.begin(plan)                  # same validation and KV accounting
-    runner.execute(items of batch)            # a real forward pass instead of a predicted latency
+    engine.execute(batch, start)              # a real forward pass instead of a predicted latency
     core.end(batch, clock.now())
 
 so every policy runs unchanged and scheduling decisions follow the simulator's rules.  The core
@@ -24,7 +25,6 @@ count cache hits the engine does not have.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -36,10 +36,10 @@ from engine.kv_cache import KVCache, PagedKVPool
 from engine.model import LlamaModel
 from engine.runner import BatchItem, ModelRunner
 from envs.serving.core import Batch, ServingCore
+from envs.serving.loop import IterationLog, ServingLoop, SimResult
 from envs.serving.request import Request
-from envs.serving.scheduling import Plan, Policy
+from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
-from envs.serving.simulator import SimResult
 from envs.serving.workloads.trace import Trace
 
 EXTRA_COLUMNS = {
@@ -155,6 +155,9 @@ class EngineResult:
 class Engine:
     """Serves one trace in real time with a model runner, scheduled by the serving core.
 
+    The loop (:attr:`loop`) is the simulator's; the engine is its executor: it turns each
+    batch into runner items over physical KV blocks, runs them, and keeps the tokens.
+
     Args:
         trace: the requests; arrival times are seconds on ``clock``.
         setup: model spec, cost model, SLO and serving settings, as for the simulator.  The cost
@@ -180,10 +183,9 @@ class Engine:
                 f"trace {trace.name!r} carries prefix hash ids; the engine serves unique synthetic "
                 "prompts without prefix caching, so it cannot reproduce the core's cache hits"
             )
-        # The simulator's own state and bookkeeping (core, iteration log, results), never its executor:
-        # engine and simulator runs are built, logged and summarised by the same code.
-        self._book = setup.simulator(trace)
-        self.core = core = self._book.core
+        self.core = core = ServingCore.for_trace(
+            trace, setup.model, setup.hardware, setup.cost_model, setup.slo, setup.config, setup.tp
+        )
         if core.max_model_len > model.config.max_context:
             raise ValueError(
                 f"max_model_len {core.max_model_len} exceeds the model's max_context "
@@ -199,37 +201,32 @@ class Engine:
         self.tokens: dict[int, list[int]] = {}  # rid -> prompt + generated token ids, once admitted
         self.extra: dict[str, list] = {name: [] for name in EXTRA_COLUMNS}
         core.on_release = self._release
+        self.loop = ServingLoop(core, self, trace.span_s)
 
-    # ---- the loop ---------------------------------------------------------------------------
     def run(self, policy: Policy) -> EngineResult:
         """Serve the whole trace with ``policy``, asked once per iteration."""
-        start = time.perf_counter()
-        policy.reset(self.core)
-        view = self.core.view
         self.clock.start()  # trace time 0 is now
-        while self.advance_to_work():
-            self.step(policy.plan(view))
-        return self.result(time.perf_counter() - start)
+        sim = self.loop.run(policy)
+        sim.iterations.update(
+            {name: np.array(self.extra[name], dtype=dt) for name, dt in EXTRA_COLUMNS.items()}
+        )
+        outputs = [self.tokens.get(r.rid, [])[r.prompt_len :] for r in self.core.requests]
+        return EngineResult(sim, outputs)
 
-    def advance_to_work(self) -> bool:
-        """Admit arrivals, sleeping until the next one when idle; False once the trace is done.
+    # ---- the executor -----------------------------------------------------------------------
+    def wait_until(self, t: float) -> float:
+        """Sleep until trace time ``t``; the clock may overshoot it, never undershoot.
 
         While busy the core's clock stays at the last iteration's end, as in the simulator: an
         iteration's latency runs from there to the end of its forward pass, so it includes the
         scheduler's own work, and latencies tile the busy time with no gaps.
         """
-        return self.core.advance_to_work(self._wait_until)
-
-    def _wait_until(self, t: float) -> float:
-        """Sleep until trace time ``t``; the clock may overshoot it, never undershoot."""
         self.clock.sleep_until(t)
         return max(t, self.clock.now())
 
-    def step(self, plan: Plan) -> float:
-        """Run one iteration of ``plan`` on the model; returns its latency in seconds."""
+    def execute(self, batch: Batch, start: float) -> tuple[float, float]:
+        """Run ``batch`` on the model, its physical blocks checked against the core's count."""
         core = self.core
-        start = core.now
-        batch = core.begin(plan)
         used = core.kv.used
         items = self._items(batch)
         if self.blocks.num_used_blocks != used:
@@ -237,9 +234,11 @@ class Engine:
                 f"physical KV blocks in use ({self.blocks.num_used_blocks}) differ from the core's "
                 f"accounting ({used}) at t={start:.6f}s"
             )
-        queries = [q for _, q, _ in batch.chunks]
         predicted = core.cost_model.iteration_time(
-            batch.num_decode, batch.decode_context, queries, [c for _, _, c in batch.chunks]
+            batch.num_decode,
+            batch.decode_context,
+            [q for _, q, _ in batch.chunks],
+            [c for _, _, c in batch.chunks],
         )
         t0 = self.clock.now()
         sampled = self.runner.execute(items)
@@ -248,13 +247,14 @@ class Engine:
             if token is not None:
                 self.tokens[item.seq_id].append(token)
                 self.blocks.append_token(item.seq_id, token)
-        core.end(batch, end)
-        latency = end - start
-        self._book.log.append(start, latency, batch.num_decode, sum(queries), len(queries), used)
         for name, value in (("predicted", predicted), ("execute", end - t0)):
             self.extra[name].append(value)
         self.extra["decode_context"].append(batch.decode_context)
-        return latency
+        return end, end - start
+
+    def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
+        """Never: every iteration is a real forward pass."""
+        return False
 
     def _items(self, batch: Batch) -> list[BatchItem]:
         """The runner's items for ``batch``, physical blocks reserved: chunks, then the decode group."""
@@ -293,12 +293,3 @@ class Engine:
     def _release(self, req: Request) -> None:
         """The core released ``req``'s KV (finished or preempted): free its physical blocks."""
         self.blocks.free(req.rid)
-
-    # ---- results ----------------------------------------------------------------------------
-    def result(self, wall_s: float = math.nan) -> EngineResult:
-        sim = self._book.result(wall_s)
-        sim.iterations.update(
-            {name: np.array(self.extra[name], dtype=dt) for name, dt in EXTRA_COLUMNS.items()}
-        )
-        outputs = [self.tokens.get(r.rid, [])[r.prompt_len :] for r in self.core.requests]
-        return EngineResult(sim, outputs)

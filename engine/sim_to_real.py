@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from calibration.from_engine import calibrate
 from chunkgym import resolve_path
 from chunkgym.cli import hydra_cli, load_options
 from chunkgym.config import AT_LEAST_ONE, Rule
-from engine.calibrate import calibrate
 from engine.replay import DEFAULT_CONFIG, ReplayConfig, check, replay
 from engine.replay import write as write_replay
-from envs.serving.simulator import SimResult
+from envs.serving.loop import SimResult
 
 DEFAULT_POLICIES = ("sarathi_512", "fcfs")
 PRESET = (f"policies=[{','.join(DEFAULT_POLICIES)}]",)

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.serving.scheduling import Plan, Rule, View, plan_budget
+from envs.serving.scheduling import Plan, Rule, ServingView, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
 
 
-def covering_level(view: View) -> int:
+def covering_level(view: ServingView) -> int:
     """Index of the smallest budget level that fits every decode and all waiting prefill work."""
     work = view.num_decode
     for req in view.lookahead:
@@ -51,7 +51,7 @@ class ActionSpec:
     def rule_names(self) -> tuple[str, ...]:
         return tuple(r.name.lower() for r in self.rules)
 
-    def mask(self, view: View) -> np.ndarray:
+    def mask(self, view: ServingView) -> np.ndarray:
         """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules."""
         mask = np.zeros(NUM_LEVELS + len(self.rules), dtype=bool)
         queued = len(view.queue)
@@ -62,19 +62,19 @@ class ActionSpec:
             mask[NUM_LEVELS] = True
         return mask
 
-    def canonical(self, view: View, level: int, rule: int) -> tuple[int, int]:
+    def canonical(self, view: ServingView, level: int, rule: int) -> tuple[int, int]:
         """The valid action with the same plan as ``(level, rule)``."""
         queued = len(view.queue)
         if not queued:
             return 0, 0
         return min(int(level), covering_level(view)), (int(rule) if queued > 1 else 0)
 
-    def plan(self, view: View, level: int, rule: int) -> Plan:
+    def plan(self, view: ServingView, level: int, rule: int) -> Plan:
         """The plan an action stands for: the shared planner at that budget and rule."""
         level, rule = self.canonical(view, level, rule)
         return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])
 
-    def action_for(self, view: View, plan: Plan) -> tuple[int, int]:
+    def action_for(self, view: ServingView, plan: Plan) -> tuple[int, int]:
         """The valid action whose plan is ``plan`` (the smallest such level, then rule): how a
         heuristic's decision reads as an env action; ValueError if no action yields that plan."""
         want = _plan_key(plan)

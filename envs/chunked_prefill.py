@@ -1,77 +1,176 @@
-"""``chunkgym/ChunkedPrefill-v0``: choose each iteration's token budget and prefill allocation.
+"""``chunkgym/ChunkedPrefill-v*``: choose each iteration's token budget and prefill allocation.
 
-One step is one engine iteration of a simulated continuous-batching server replaying a
-window of a real trace.
+One class, :class:`ChunkedPrefillEnv`; each registered version is a row of
+:data:`VERSIONS` (features, action spec, reward, step granularity, default workloads),
+as Gymnasium keeps the versions of one env as registration arguments of one class.
+A version never changes behaviour once released: a change is a new version.
 
-**Action** ``MultiDiscrete([9, 3])``: (budget level, allocation rule).  Budget levels are
+## Description
+
+A simulated continuous-batching server replays windows of a real trace.  At each step
+the agent picks the next engine iteration's token budget and the rule that allocates
+it among waiting prompts (chunked prefill, as in Sarathi-Serve).
+
+## Action Space
+
+``MultiDiscrete([9, n_rules])``: (budget level, allocation rule).  Budget levels are
 64, 128, ..., 16384 tokens per iteration, decodes included (Sarathi-Serve's and vLLM's
 meaning); rules are 0 = FCFS fill (partial prefills first, then arrival order),
-1 = shortest remaining prompt first, 2 = least TTFT slack first.  Every fixed-budget
-Sarathi-Serve is the constant action ``(level, 0)``.  ``action_masks()`` returns one
-valid action per distinct plan (see :mod:`envs.actions`); an unmasked invalid action
-is mapped to the valid action with the same plan, so ignoring masks is safe.
+1 = shortest remaining prompt first, 2 = least TTFT slack first, and from v1
+3 = least TTFT slack first among prompts that can still meet TTFT, the ones already
+past it last.  Every fixed-budget Sarathi-Serve is the constant action ``(level, 0)``.
 
-**Observation** ``Box(-1, 1, (16,), float32)``: the features of :mod:`envs.features`
-(``FEATURES_V0`` documents each one).
+**Masks**: one valid action per distinct plan (see :mod:`envs.actions`), a flat bool
+array of length ``sum(nvec)`` (budget levels, then rules), from ``env.action_masks()``
+(through ``gym.make``'s wrappers too) and in ``info["action_mask"]`` of ``reset()`` and
+every ``step()``.  An unmasked invalid action is mapped to the valid action with the
+same plan, so ignoring masks is safe.
 
-**Reward**: +1 when a request finishes within its SLO, -1 the moment a request is
-known to miss it (TTFT bound passed while queued, a token gap over the stall bound,
-TPOT over bound at finish, or rejection), times ``reward_scale``.  Every request of the
-window is counted exactly once, so the episode return is ``(good - bad) * scale =
-(2 * goodput * span - requests) * scale``: an affine function of the window's goodput.
+## Observation Space
 
-**Episodes**: a window of ``window_s`` trace-seconds from ``split`` (chosen by the
-reset seed), arrivals scaled by a load drawn from ``load_scale``.  An episode ends by
-truncation when every request of the window is decided (or after ``max_steps``);
-there is no terminal state: the server runs on.
+``Box(-1, 1, (n_features,), float32)``: the features of :mod:`envs.features`
+(``FEATURES_V0``: 16, ``FEATURES_V1``: 26, each documented there).
 
-**info** per step: ``now``, ``latency``, ``decode_tokens``, ``prefill_tokens``,
-``good``, ``bad``, ``requests``; at the end also ``episode`` (the run's metrics).
+## Rewards
+
+v0: +1 when a request finishes within its SLO, -1 the moment a request is known to
+miss it (TTFT bound passed while queued, a token gap over the stall bound, TPOT over
+bound at finish, or rejection).  v1: +1 as soon as a request's first token meets its
+TTFT bound, -2 if it later misses TPOT or stall (-1 if it never met TTFT).  Both times
+``reward_scale``.  Every request of the window nets exactly +1 or -1, so the episode
+return is ``(good - bad) * scale = (2 * goodput * span - requests) * scale``: an affine
+function of the window's goodput.
+
+## Starting State
+
+Each reset draws a workload from ``workloads``, a window of ``split`` and a load from
+``load_scale`` (each workload's own 1x), from the env's seeded generator, or, with
+``input_seed`` set, from ``(input_seed, episode index)``: then the k-th episode of every
+env with that seed replays the same inputs (common random numbers across parallel envs).
+
+## Episode End
+
+No terminal state (the server runs on), so ``terminated`` is always False.  The episode
+is **truncated** when every request of the window is decided, when the trace runs out,
+or after ``max_steps`` steps (default 200,000; far above any window's length).  Episodes
+end by themselves, so the ids are registered without ``max_episode_steps``.
+
+## Arguments
+
+``gym.make("chunkgym/ChunkedPrefill-v1", workloads=[...], load_scale=(1.0, 3.0), ...)``;
+see :class:`ChunkedPrefillEnv`.
+
+## info
+
+``reset()``: ``requests``, ``load_scale``, ``workload``, ``now``, ``action_mask``.
+``step()``: ``now``, ``latency``, ``decode_tokens``, ``prefill_tokens``, ``good``,
+``bad``, ``requests``, ``action_mask``; at the end also ``serving`` (the window's
+serving metrics, :func:`envs.serving.metrics.request_summary`).  ``info["episode"]`` is
+left to Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor``.
+
+## Rendering
+
+``render_mode="ansi"``: one line of text on the last iteration; ``"rgb_array"``: the
+batch timeline of the last iterations (:mod:`envs.render`).
+
+## Version History
+
+* (both versions) end-of-episode metrics moved from ``info["episode"]`` to
+  ``info["serving"]``; ``info["action_mask"]``, render modes; observations and rewards
+  unchanged.
+* v1: steps are decisions: iterations whose only valid action is forced (no prompt
+  waiting: every action just steps the decodes) run without asking the agent, their
+  rewards accruing to the next step; rule 3; 26 features; the first-token reward;
+  the four training workloads by default.
+* v0: one step per engine iteration, 3 rules, 16 features, reward at finish.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.utils import RecordConstructorArgs
 
-from envs.actions import ACTIONS_V0
-from envs.features import FEATURE_NAMES_V0, features_v0
+from envs.actions import ACTIONS_V0, ACTIONS_V1, ActionSpec
+from envs.features import FEATURE_NAMES_V0, FEATURE_NAMES_V1, features_v0, features_v1
+from envs.render import ansi_line, timeline_image
+from envs.serving.core import ServingCore
+from envs.serving.loop import StepDecodes
 from envs.serving.metrics import SLOSpec, load_slo
+from envs.serving.scheduling import ServingView
 from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL, ServingSetup
 from envs.serving.simulator import Simulator
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workload import Workload, load_workload
 
+TRAIN_WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv", "sharegpt_poisson")
+
+
+def score_at_finish(core: ServingCore) -> int:
+    """v0's cumulative reward (unscaled): requests known good minus requests known bad."""
+    return core.n_good - core.n_bad
+
+
+def score_at_first_token(core: ServingCore) -> int:
+    """v1's: +1 per request credited at its first token, -1 per request known bad, -1 more if it was credited."""
+    return core.n_credited - core.n_uncredited - core.n_bad
+
+
+@dataclass(frozen=True)
+class EnvVersion:
+    """What one registered version fixes; everything else is an argument of the env."""
+
+    number: int
+    features: Callable[[ServingView], np.ndarray]
+    feature_names: tuple[str, ...]
+    actions: ActionSpec
+    score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
+    decision_steps: bool  # True: iterations with a forced action run without asking the agent
+    workloads: tuple[str, ...]  # the default of the ``workloads`` argument
+
+
+VERSIONS: dict[int, EnvVersion] = {
+    0: EnvVersion(0, features_v0, FEATURE_NAMES_V0, ACTIONS_V0, score_at_finish, False, ("azure_conv",)),
+    1: EnvVersion(1, features_v1, FEATURE_NAMES_V1, ACTIONS_V1, score_at_first_token, True, TRAIN_WORKLOADS),
+}
+LATEST_VERSION = max(VERSIONS)
+
 
 class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
-    """Token-budget and chunk-allocation control of a simulated LLM server.
+    """Token-budget and chunk-allocation control of a simulated LLM server; see the module docstring.
 
     Args:
-        workload: a name in ``conf/workload`` or ``file:PATH``, or a loaded :class:`Workload`.
+        version: a key of :data:`VERSIONS` (the registered id sets it).
+        workloads: names in ``conf/workload`` or ``file:PATH``, or loaded :class:`Workload` s,
+            to draw episodes from (default: the version's).
+        workload: one workload, v0's spelling of ``workloads=[workload]``.
         split: ``train`` (default), ``val``, ``test`` or ``all``.
         model, hardware, tp: names in ``conf/model`` and ``conf/hardware`` (or specs); tensor parallelism.
         slo: a name in ``conf/slo`` (or an :class:`~envs.serving.metrics.SLOSpec`).
         cost_model: ``calibrated``, ``roofline`` or a coefficient-file path.
         load_scale: a float, or a (low, high) pair sampled uniformly per episode.
-        window_s: trace-seconds per episode (default: the workload's ``window_s``).
-        max_steps: hard cap on iterations per episode.
-        reward_scale: multiplies the +1/-1 per-request rewards.
+        window_s: trace-seconds per episode (default: ``window_scale`` x the workload's ``window_s``).
+        window_scale: see ``window_s``.
+        input_seed: if set, episode inputs come from ``(input_seed, episode index)``.
+        max_steps: hard cap on steps per episode.
+        reward_scale: multiplies the per-request rewards.
         serving: overrides of :class:`~envs.serving.core.ServingConfig` fields.
         data_root: where the traces live (default ``chunkgym.data_root()``).
+        render_mode: ``None``, ``"ansi"`` or ``"rgb_array"``.
     """
 
-    metadata = {"render_modes": []}
-    feature_names = FEATURE_NAMES_V0
-    features = staticmethod(features_v0)
-    actions = ACTIONS_V0
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 30}
 
     def __init__(
         self,
-        workload: str | Workload = "azure_conv",
+        version: int = LATEST_VERSION,
+        workloads: Sequence[str | Workload] | str | Workload | None = None,
         split: str = "train",
         model: str | ModelSpec = DEFAULT_MODEL,
         hardware: str | HardwareSpec = DEFAULT_HARDWARE,
@@ -80,12 +179,33 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         cost_model: str = "calibrated",
         load_scale: float | Sequence[float] = 1.0,
         window_s: float | None = None,
+        window_scale: float = 1.0,
+        input_seed: int | None = None,
         max_steps: int = 200_000,
         reward_scale: float = 1.0,
         serving: dict[str, Any] | None = None,
         data_root: str | None = None,
+        render_mode: str | None = None,
+        workload: str | Workload | None = None,
     ) -> None:
-        self.workloads = [workload if isinstance(workload, Workload) else load_workload(workload, data_root)]
+        if version not in VERSIONS:
+            raise ValueError(f"version must be one of {sorted(VERSIONS)}, got {version!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        if workload is not None:
+            if workloads is not None:
+                raise ValueError("give workloads or workload, not both")
+            workloads = [workload]
+        self.version = version_data = VERSIONS[version]
+        if workloads is None:
+            workloads = version_data.workloads
+        elif isinstance(workloads, str | Workload):
+            workloads = [workloads]
+        if not workloads:
+            raise ValueError("workloads must name at least one workload")
+        self.workloads = [w if isinstance(w, Workload) else load_workload(w, data_root) for w in workloads]
         self.split = split
         self.setup = ServingSetup.from_specs(
             load_model(model) if isinstance(model, str) else model,
@@ -100,19 +220,32 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self.load_range = (float(load_scale[0]), float(load_scale[-1]))
         if not 0 < self.load_range[0] <= self.load_range[1]:
             raise ValueError(f"load_scale must be positive and ordered, got {load_scale}")
+        if window_scale <= 0:
+            raise ValueError(f"window_scale must be > 0, got {window_scale}")
         self.window_s = window_s
+        self.window_scale = window_scale
+        self.input_seed = input_seed
         self.max_steps = max_steps
         self.reward_scale = reward_scale
+        self.render_mode = render_mode
+        self.actions = version_data.actions  # the planner and masks policies act through
         self.action_space = spaces.MultiDiscrete(self.actions.nvec)
-        self.observation_space = spaces.Box(-1.0, 1.0, (len(self.feature_names),), np.float32)
+        self.observation_space = spaces.Box(-1.0, 1.0, (len(version_data.feature_names),), np.float32)
         self.sim: Simulator | None = None
+        self._mask = np.zeros(sum(self.actions.nvec), dtype=bool)
         self._steps = 0
         self._score = 0
+        self._episodes = 0
 
     # ---- gymnasium API -------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        rng = self._episode_rng()
+        self._episodes += 1
+        rng = (
+            self.np_random
+            if self.input_seed is None
+            else np.random.default_rng([self.input_seed, self._episodes])
+        )
         for _ in range(16):  # a bursty trace can leave a window empty: draw another
             workload = (
                 self.workloads[int(rng.integers(len(self.workloads)))]
@@ -121,7 +254,10 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
             )
             lo, hi = self.load_range
             load = float(rng.uniform(lo, hi)) if lo < hi else lo
-            trace = workload.window(self.split, int(rng.integers(2**31)), load, self._window_s(workload))
+            window_s = (
+                self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
+            )
+            trace = workload.window(self.split, int(rng.integers(2**31)), load, window_s)
             if len(trace):
                 break
         else:
@@ -133,11 +269,13 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._advance()
         self._steps = 0
         self._score = 0
+        self._mask = self.actions.mask(self.sim.view)
         info = {
             "requests": len(trace),
             "load_scale": load,
             "workload": workload.spec.name,
             "now": self.sim.core.now,
+            "action_mask": self._mask,
         }
         return self._obs(), info
 
@@ -146,15 +284,16 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         if sim is None:
             raise RuntimeError("call reset() before step()")
         core = sim.core
-        latency = sim.step(self.actions.plan(core.view, int(action[0]), int(action[1])))
+        latency = sim.step(self.actions.plan(sim.view, int(action[0]), int(action[1])))
         more = self._advance()
         self._steps += 1
-        score = self._score_of(core)
+        score = self.version.score(core)
         reward = (score - self._score) * self.reward_scale
         self._score = score
         n = len(core.requests)
         truncated = (core.n_good + core.n_bad == n) or not more or self._steps >= self.max_steps
         log = sim.log
+        self._mask = mask = self.actions.mask(sim.view)  # a fresh array: info and action_masks() share it
         info = {
             "now": core.now,
             "latency": latency,
@@ -163,31 +302,67 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
             "good": core.n_good,
             "bad": core.n_bad,
             "requests": n,
+            "action_mask": mask,
         }
         if truncated:
-            info["episode"] = sim.result().metrics
+            info["serving"] = sim.result().metrics
         return self._obs(), float(reward), False, truncated, info
 
     def action_masks(self) -> np.ndarray:
-        """Valid actions for sb3-contrib's MaskablePPO: budget levels, then rules."""
-        return self.actions.mask(self.sim.core.view)
+        """Valid actions for sb3-contrib's MaskablePPO: budget levels, then rules (``info["action_mask"]``)."""
+        return self._mask
 
-    # ---- hooks for later versions -------------------------------------------------------------
-    def _episode_rng(self) -> np.random.Generator:
-        """Where an episode's window and load come from: the env's seeded generator."""
-        return self.np_random
+    def render(self) -> str | np.ndarray | None:
+        """``ansi``: a line on the last iteration; ``rgb_array``: the batch timeline; ``None``: nothing."""
+        if self.render_mode is None:
+            gym.logger.warn(
+                "render() without a render_mode: pass render_mode='ansi' or 'rgb_array' to gym.make"
+            )
+            return None
+        if self.sim is None:
+            raise RuntimeError("call reset() before render()")
+        if self.render_mode == "ansi":
+            return ansi_line(self.sim)
+        return timeline_image(self.sim.log)
 
-    def _window_s(self, workload: Workload) -> float | None:
-        return self.window_s
-
+    # ---- stepping ------------------------------------------------------------------------
     def _advance(self) -> bool:
-        """Move to the next decision point; False once the trace is done."""
+        """Run the server to the agent's next step; False once the trace is done."""
+        if self.version.decision_steps:
+            return self._advance_to_decision()
         return self.sim.advance_to_work()
 
-    def _obs(self) -> np.ndarray:
-        return self.features(self.sim.core.view)
+    def _advance_to_decision(self) -> bool:
+        """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
+        core = self.sim.core
+        n = len(core.requests)
+        return self.sim.run_until(
+            StepDecodes(), stop=lambda: bool(core.queue) or core.n_good + core.n_bad == n
+        )
 
-    @staticmethod
-    def _score_of(core) -> int:
-        """Cumulative reward (unscaled): requests known good minus requests known bad."""
-        return core.n_good - core.n_bad
+    def _obs(self) -> np.ndarray:
+        return self.version.features(self.sim.view)
+
+
+class ActionMasks(gym.Wrapper, RecordConstructorArgs):
+    """Exposes ``action_masks()`` on top of ``gym.make``'s wrappers (Gymnasium 1.x wrappers
+    forward no attributes); registered as each id's additional wrapper."""
+
+    def __init__(self, env: gym.Env) -> None:
+        RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+
+    def action_masks(self) -> np.ndarray:
+        return self.env.unwrapped.action_masks()
+
+
+def version_of(env_id: Any) -> EnvVersion:
+    """The version data (features, actions, ...) of the chunkgym env registered as ``env_id``."""
+    if not isinstance(env_id, str) or env_id not in gym.registry:
+        known = sorted(k for k in gym.registry if k.startswith("chunkgym/"))
+        raise ValueError(f"env {env_id!r} is not registered; chunkgym envs: {known}")
+    spec = gym.registry[env_id]
+    cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    if not (isinstance(cls, type) and issubclass(cls, ChunkedPrefillEnv)):
+        raise ValueError(f"env {env_id!r} is not a ChunkedPrefill env: {cls!r}")
+    return VERSIONS[spec.kwargs.get("version", LATEST_VERSION)]

@@ -1,7 +1,8 @@
 """Observation features: a flat vector of normalised numbers describing the serving state.
 
-Computed from a :class:`~envs.serving.scheduling.View`, so the simulator, the env and
-the real engine produce identical features for identical states.  Each feature is
+Computed from a :class:`~envs.serving.scheduling.ServingView` alone, so the simulator,
+the env and the real engine (and any other scheduler that implements the view) produce
+identical features for identical states.  Each feature is
 squashed into [-1, 1] (log scales for token counts; ratios to the SLO bounds for
 times), which is what the Box observation space declares.  Cost: O(lookahead).
 """
@@ -12,7 +13,7 @@ import math
 
 import numpy as np
 
-from envs.serving.scheduling import View
+from envs.serving.scheduling import ServingView
 
 FEATURES_V0: tuple[tuple[str, str], ...] = (
     ("decode_fraction", "requests decoding / max_num_seqs"),
@@ -46,16 +47,14 @@ def _unit(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
-def features_v0(view: View) -> np.ndarray:
-    core = view.core
-    now = core.now
-    slo = core.slo
-    seqs = core.config.max_num_seqs
-    queue = core.queue
-    look = core.lookahead()
-    dec = core.decode
-    n_dec = dec.n
-    per_token = core.prefill_s_per_token
+def features_v0(view: ServingView) -> np.ndarray:
+    now = view.now
+    slo = view.slo
+    seqs = view.max_num_seqs
+    queue = view.queue
+    look = view.lookahead
+    n_dec = view.num_decode
+    per_token = view.prefill_s_per_token
 
     pending = shortest = doomed = 0
     min_slack = 1.0
@@ -78,12 +77,11 @@ def features_v0(view: View) -> np.ndarray:
         oldest_age = (now - oldest) / head.ttft_bound / 2
     else:
         head_left, head_slack, oldest_age = 0, 1.0, 0.0
-    kv = core.kv
     return np.array(
         (
             n_dec / seqs,
             _unit(math.log1p(len(queue)) / _L1024),
-            core.n_running_prefill / seqs,
+            view.num_prefilling / seqs,
             _unit(math.log1p(pending) / _L20),
             _unit(math.log1p(head_left) / _L17),
             _unit(math.log1p(shortest) / _L17),
@@ -91,12 +89,12 @@ def features_v0(view: View) -> np.ndarray:
             -1.0 if min_slack < -1.0 else min_slack,
             doomed / len(look) if look else 0.0,
             _unit(oldest_age),
-            _unit((now - dec.last_time) / slo.stall_s) if n_dec else 0.0,
-            _unit((kv.free - core.decode_block_need()) / kv.total),
-            _unit(math.log1p(dec.context_sum(dec.clock) / n_dec) / _L17) if n_dec else 0.0,
-            _unit(core.last_latency / slo.tpot_s / 4),
-            _unit(core.latency_ewma / slo.tpot_s / 4),
-            _unit(core.arrival_rate() * per_token * 1024 / 4),
+            _unit((now - view.last_decode_time) / slo.stall_s) if n_dec else 0.0,
+            _unit(view.free_blocks / view.total_blocks),
+            _unit(math.log1p(view.decode_context / n_dec) / _L17) if n_dec else 0.0,
+            _unit(view.last_latency / slo.tpot_s / 4),
+            _unit(view.latency_ewma / slo.tpot_s / 4),
+            _unit(view.arrival_rate() * per_token * 1024 / 4),
         ),
         dtype=np.float32,
     )
@@ -125,16 +123,13 @@ FEATURE_NAMES_V1 = tuple(name for name, _ in FEATURES_V1)
 _L256 = math.log1p(256)
 
 
-def features_v1(view: View) -> np.ndarray:
+def features_v1(view: ServingView) -> np.ndarray:
     """The v0 features plus SLO-risk, doomed-work and prediction features (see ``FEATURES_V1``)."""
-    core = view.core
-    now = core.now
-    slo = core.slo
-    dec = core.decode
-    n_dec = dec.n
-    kv = core.kv
+    now = view.now
+    slo = view.slo
+    n_dec = view.num_decode
     alive = alive_pending = alive_shortest = pending = 0
-    for r in core.lookahead():
+    for r in view.lookahead:
         left = r.target - r.computed
         pending += left
         if not r.violated and now - r.arrival <= r.ttft_bound:
@@ -142,24 +137,24 @@ def features_v1(view: View) -> np.ndarray:
             alive_pending += left
             if not alive_shortest or left < alive_shortest:
                 alive_shortest = left
-    slack = dec.min_tpot_slack() / (8 * slo.tpot_s)
-    free = kv.free - core.decode_block_need()
-    demand = pending / kv.block_size
-    latency = core.cost_model.iteration_time(
+    slack = view.min_tpot_slack() / (8 * slo.tpot_s)
+    free = view.free_blocks
+    demand = pending / view.block_size
+    latency = view.predict_latency(
         n_dec,
-        dec.context_sum(dec.clock) if n_dec else 0,
+        view.decode_context if n_dec else 0,
         (pending,) if pending else (),
         (0,) if pending else (),
     )
     extra = np.array(
         (
             -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
-            dec.n_doomed / n_dec if n_dec else 0.0,
-            _unit((now - dec.last_time) / slo.tpot_s / 4) if n_dec else 0.0,
+            view.num_decode_doomed / n_dec if n_dec else 0.0,
+            _unit((now - view.last_decode_time) / slo.tpot_s / 4) if n_dec else 0.0,
             _unit(math.log1p(alive) / _L1024),
             _unit(math.log1p(alive_pending) / _L20),
             _unit(math.log1p(alive_shortest) / _L17),
-            core.prefix_hit_ewma,
+            view.prefix_hit_ewma,
             _unit(demand / max(free, 1) / 2),
             _unit(latency / slo.tpot_s / 8),
             _unit(math.log1p(n_dec) / _L256),

@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from envs.serving.loop import SimResult  # noqa: E402
 from envs.serving.metrics import SLO  # noqa: E402
-from envs.serving.simulator import SimResult  # noqa: E402
 
 EMPHASIS = ("fcfs", "sarathi_512")
 """Policies drawn thicker: the stall chunked prefill removes, and its standard fix."""

@@ -24,9 +24,9 @@ from chunkgym.config import from_mapping
 from chunkgym.provenance import config_hash, git_commit
 from envs.serving.capacity import measure_capacity
 from envs.serving.core import ServingConfig
+from envs.serving.loop import SimResult
 from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
-from envs.serving.simulator import SimResult
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
 from policies.registry import POLICY_DIR, make_policy, policy_env_id

@@ -60,7 +60,7 @@ class Activation(Choice):
 class EnvConfig:
     """Training episodes (see the env's docstring for each field); v1-only fields say so."""
 
-    id: str = "chunkgym/ChunkedPrefill-v0"  # or chunkgym/ChunkedPrefill-v1 (decision steps, 26 features)
+    id: str = "chunkgym/ChunkedPrefill-v1"  # the newest; or chunkgym/ChunkedPrefill-v0 (iteration steps, 16 features)
     workloads: list[str] = field(default_factory=list)  # v1: more workloads to draw episodes from
     common_inputs: bool = False  # v1: all envs replay the same (workload, window, load) per episode
     tp: int = 1

@@ -29,17 +29,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium
 import numpy as np
 import torch
-from gymnasium.envs.registration import load_env_creator, parse_env_id
+from gymnasium.envs.registration import parse_env_id
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
-from envs.chunked_prefill import ChunkedPrefillEnv
-from envs.serving.scheduling import Plan, Policy, View
+from envs.chunked_prefill import version_of
+from envs.serving.scheduling import Plan, Policy, ServingView
 
 FORMAT = "chunkgym-policy"
 FORMAT_VERSION = 1
@@ -99,7 +98,7 @@ class PolicyNet(nn.Module):
 class ExportedPolicy(Policy):
     """A trained policy as a scheduler: features -> normalise -> MLP -> masked argmax -> plan.
 
-    Features, mask and planner are those of the env class named by ``spec["env_id"]``,
+    Features, mask and planner are those of the env version named by ``spec["env_id"]``,
     so the policy observes and acts exactly as it did in training.
     """
 
@@ -107,9 +106,9 @@ class ExportedPolicy(Policy):
         self.net = net.eval()
         self.spec = spec
         self.name = "learned"
-        env = env_class(spec["env_id"])
-        self.features = env.features
-        self.actions = env.actions
+        version = version_of(spec["env_id"])
+        self.features = version.features
+        self.actions = version.actions
         self.masked = net.masked
         state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
         self._mean = state["obs_mean"]
@@ -136,7 +135,7 @@ class ExportedPolicy(Policy):
         with torch.inference_mode():
             return self.net(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)).numpy()
 
-    def plan(self, view: View) -> Plan:
+    def plan(self, view: ServingView) -> Plan:
         level, rule = self.act_one(self.features(view), self.actions.mask(view) if self.masked else None)
         return self.actions.plan(view, level, rule)
 
@@ -149,28 +148,17 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def env_class(env_id: Any) -> type[ChunkedPrefillEnv]:
-    """The class registered as ``env_id``: a chunkgym env, carrying its features and action spec."""
-    if not isinstance(env_id, str) or env_id not in gymnasium.registry:
-        known = sorted(k for k in gymnasium.registry if k.startswith("chunkgym/"))
-        raise ValueError(f"env {env_id!r} is not registered; chunkgym envs: {known}")
-    cls = load_env_creator(gymnasium.registry[env_id].entry_point)
-    if not (isinstance(cls, type) and issubclass(cls, ChunkedPrefillEnv)):
-        raise ValueError(f"env {env_id!r} is not a ChunkedPrefill env: {cls!r}")
-    return cls
-
-
 def env_contract(env_id: str) -> dict[str, Any]:
     """What an export for ``env_id`` must agree with: that env's version, features and actions here."""
-    env = env_class(env_id)
+    version = version_of(env_id)
     return {
         "env_id": env_id,
         "env_version": parse_env_id(env_id)[2],
-        "feature_set": env.features.__name__,
-        "feature_names": list(env.feature_names),
-        "nvec": list(env.actions.nvec),
+        "feature_set": version.features.__name__,
+        "feature_names": list(version.feature_names),
+        "nvec": list(version.actions.nvec),
         "budget_levels": list(BUDGET_LEVELS),
-        "allocation_rules": list(env.actions.rule_names),
+        "allocation_rules": list(version.actions.rule_names),
     }
 
 

@@ -78,12 +78,12 @@ class _Acting:
         self.policy = None
         if isinstance(teacher, str):
             self.policy = teacher_policy(env, teacher)
-            self.policy.reset(env.sim.core)
+            self.policy.reset(env.sim.view)
 
     def label(self, mask: np.ndarray) -> np.ndarray:
         if self.policy is None:
             return teacher_labels(mask[None], *self.teacher)[0]
-        view = self.env.sim.core.view
+        view = self.env.sim.view
         return np.array(self.env.actions.action_for(view, self.policy.plan(view)), dtype=np.int64)
 
 

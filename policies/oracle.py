@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS
-from envs.serving.scheduling import Rule, plan_budget
-from envs.serving.simulator import SimResult, Simulator
+from envs.serving.loop import SimResult
+from envs.serving.scheduling import Rule
+from envs.serving.simulator import Simulator
 
 DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_RULES = (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
@@ -28,14 +30,7 @@ Action = tuple[int, Rule]
 def run_until(sim: Simulator, action: Action, until: float) -> bool:
     """Serve with a constant action until the clock passes ``until``; False once the trace is done."""
     budget, rule = action
-    core = sim.core
-    while core.now < until:
-        if not sim.advance_to_work():
-            return False
-        if sim.fast_forward():
-            continue
-        sim.step(plan_budget(core.view, budget, rule))
-    return True
+    return sim.run_until(Sarathi(budget, rule.name), until_s=until)
 
 
 def oracle_run(

@@ -35,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 
 from envs import ENV_ID_V1
+from envs.chunked_prefill import version_of
 from envs.features import FEATURES_V1
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
@@ -42,7 +43,7 @@ from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 from policies.config import Activation, AlgoName, Schedule, TrainConfig, VecEnvKind
 from policies.export import in_memory_policy, policy_net
-from policies.exported import PolicyNet, env_class, env_contract
+from policies.exported import PolicyNet, env_contract
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> di
     seed that moves on when a run resumes at ``start_steps``.
     """
     e = cfg.env
-    env_class(e.id)  # fails early, naming the registered envs, on an unknown id
+    version_of(e.id)  # fails early, naming the registered envs, on an unknown id
     if e.id == ENV_ID_V1:
         extra = [Workload.from_name(name, cfg.data_root) for name in e.workloads]
         inputs = {
@@ -110,22 +111,9 @@ def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> di
     }
 
 
-class ServingInfo(gym.Wrapper):
-    """Moves the env's end-of-episode serving metrics from ``info["episode"]`` to ``info["serving"]``.
-
-    SB3 reads ``info["episode"]`` as Monitor's ``{"r", "l", "t"}``; the env's own metrics
-    would be overwritten there, so they move aside and Monitor goes on top.
-    """
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if "episode" in info:
-            info["serving"] = info.pop("episode")
-        return obs, reward, terminated, truncated, info
-
-
 def make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
-    return Monitor(ServingInfo(gym.make(env_id, **kwargs)))
+    """One training env; Monitor owns ``info["episode"]``, the env's metrics are in ``info["serving"]``."""
+    return Monitor(gym.make(env_id, **kwargs))
 
 
 def make_vec_env(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> VecEnv:

@@ -5,16 +5,17 @@ Skipped when the data root (``CHUNKGYM_DATA`` or ../shared/data) is absent.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import chunkgym
-from calibration import splitwise, vidur
-from calibration.__main__ import main
-from calibration.files import write_cost_files
-from calibration.pipeline import Calibration, calibrate
+from calibration.cost_files import write_cost_files
+from calibration.from_published import Calibration, calibrate
 from calibration.report import summary
+from calibration.sources import splitwise, vidur
 from envs.serving.cost_model import COST_DIR, load_cost_model
 from envs.serving.specs import load_hardware, load_model
 
@@ -77,7 +78,7 @@ def test_calibrated_model_reproduces_measured_rows() -> None:
 
 def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Path) -> None:
     written = write_cost_files(cal.files, tmp_path)
-    # The GPU files; profiles of the local engine (hardware `cpu`) come from engine/calibrate.py.
+    # The GPU files; profiles of the local engine (hardware `cpu`) come from calibration/from_engine.py.
     committed = sorted(p for p in COST_DIR.glob("*.yaml") if not p.name.startswith("cpu__"))
     assert sorted(p.name for p in written) == [p.name for p in committed]
     stale = [p.name for p in committed if p.read_text() != (tmp_path / p.name).read_text()]
@@ -85,15 +86,18 @@ def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Pat
 
 
 def test_cli_writes_files_and_report(tmp_path: Path) -> None:
-    args = [
-        "--data-root",
-        str(DATA),
-        "--out-dir",
-        str(tmp_path / "cost"),
-        "--report-dir",
-        str(tmp_path / "report"),
+    args = [f"data_root={DATA}", f"out={tmp_path / 'cost'}", f"report={tmp_path / 'report'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "calibration",
+        *args,
+        "hardware=[h100_80gb]",
+        "models=[llama2_7b]",
+        "tp=[1,2]",
     ]
-    main([*args, "--hardware", "h100_80gb", "--models", "llama2_7b", "--tp", "1", "2"])
+    proc = subprocess.run(cmd, cwd=chunkgym.REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "cost").glob("*.yaml")) == [
         "h100_80gb__llama2_7b__tp1.yaml",
         "h100_80gb__llama2_7b__tp2.yaml",

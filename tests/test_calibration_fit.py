@@ -1,11 +1,18 @@
-"""The generic fitter: recovers known curves, stays monotone, is deterministic (no data needed)."""
+"""The one fitting routine: recovers known curves, stays monotone, is deterministic (no data needed)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibration.fit import StepRoofline, fit_step_roofline, holdout_mask, mape, token_step_candidates
+from calibration.fit import (
+    StepRoofline,
+    fit_knee_grid,
+    fit_step_roofline,
+    holdout_mask,
+    mape,
+    token_step_candidates,
+)
 
 TRUE = StepRoofline(
     fixed=20e-6, per_unit=5e-9, mem=100e-6, slope=1e-6, knee=300.0, steps=((128.0, 30e-6), (512.0, 50e-6))
@@ -80,3 +87,24 @@ def test_holdout_mask() -> None:
 def test_bad_input(x, y, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fit_step_roofline(np.array(x, float), np.array(y, float))
+
+
+def test_extra_columns_and_a_fixed_knee_grid_recover_their_coefficients() -> None:
+    """The whole-iteration form: extra per-sample columns beside the hinge, knees from a given grid."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(1, 600, 80).astype(np.float64)
+    x[:3] = 1.0  # single-token iterations pin the step apart from the constant
+    extra = rng.uniform(0.0, 50.0, (80, 2))
+    true = np.array([5e-3, 1e-6, 2e-5, 3e-4, 7e-5, 1e-4])  # const, x, hinge at 64, two extras, step at 1
+    y = true[0] + true[1] * x + true[2] * np.maximum(x - 64, 0) + extra @ true[3:5] + true[5] * (x > 1)
+    fit = fit_knee_grid(x, y, (0, 32, 64, 128), extra, (1,), max_steps=1)
+    assert fit.knee == 64.0 and fit.thresholds.tolist() == [1.0]
+    assert fit.coef == pytest.approx(true, rel=1e-6)
+    assert fit.heights == pytest.approx([true[5]], rel=1e-6)
+
+
+def test_steps_outside_the_data_and_beyond_max_steps_are_dropped() -> None:
+    y = TRUE.predict(TOKENS)
+    fit = fit_knee_grid(TOKENS, y, (300.0,), None, (64.0, 128.0, 512.0, 1e6), max_steps=2)
+    assert fit.thresholds.tolist() == [128.0, 512.0]
+    assert len(fit.coef) == 3 + 2

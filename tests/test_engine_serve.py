@@ -10,8 +10,8 @@ import envs
 from engine.model import build_model
 from engine.serve import Engine, EngineResult, PacedRunner, VirtualClock, WallClock, prompt_tokens
 from envs.serving.core import ServingConfig
+from envs.serving.loop import ITERATION_COLUMNS
 from envs.serving.setup import ServingSetup
-from envs.serving.simulator import ITERATION_COLUMNS
 from policies.registry import make_policy
 from tests.simtools import make_trace
 
@@ -104,10 +104,11 @@ def test_physical_blocks_follow_the_core_every_iteration(model):
     engine = Engine(tr, serving, model, clock=clock)
     engine.runner = PacedRunner(engine.core, clock, engine.runner)
     policy = make_policy("sarathi_128")
-    policy.reset(engine.core)
+    loop = engine.loop
+    policy.reset(loop.view)
     steps = 0
-    while engine.advance_to_work():
-        engine.step(policy.plan(engine.core.view))
+    while loop.advance_to_work():
+        loop.step(policy.plan(loop.view))
         assert engine.blocks.num_used_blocks == engine.core.kv.used
         engine.blocks.check_consistency()
         steps += 1
@@ -127,10 +128,10 @@ def test_an_exported_policy_runs_unchanged(model, tmp_path):
     from policies.export import write_export
     from policies.exported import PolicyNet, env_contract
 
-    contract = env_contract(envs.ENV_ID)
+    contract = env_contract(envs.ENV_ID_V0)
     torch.manual_seed(0)
     net = PolicyNet([len(contract["feature_names"]), 8], contract["nvec"]).eval()
-    write_export(net, envs.ENV_ID, tmp_path, {"algo": "untrained stub"})
+    write_export(net, envs.ENV_ID_V0, tmp_path, {"algo": "untrained stub"})
     tr, serving = trace(), setup()
     _, got = paced(tr, serving, model, f"learned:{tmp_path}")
     want = serving.simulator(tr).run(make_policy(f"learned:{tmp_path}"))

@@ -1,4 +1,9 @@
-"""The Gymnasium env: API checks, masks, determinism, and reward aligned with goodput."""
+"""The Gymnasium env (v0 here, v1 in test_env_v1.py): one class for every version, API checks,
+masks, determinism, reward aligned with goodput, and both versions' trajectories pinned to
+those of the two classes the one class replaced."""
+
+import json
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -9,21 +14,94 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import envs
 from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS, action_mask, action_plan, canonical_action
-from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.chunked_prefill import LATEST_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
+from policies.config import EnvConfig
 
 KW = dict(workload="synthetic_azure_conv", cost_model="roofline", window_s=20.0)
+TRAJECTORIES = Path(__file__).parent / "fixtures" / "env_trajectories.npz"
+"""Recorded at a1ae3c7 with the classes ChunkedPrefillEnv (v0) and ChunkedPrefillEnvV1 by the rollout
+of :func:`_pinned_rollout` (info["episode"] read as info["serving"]; info["action_mask"] did not exist)."""
+PINNED = {
+    "v0": (envs.ENV_ID_V0, dict(workload="synthetic_azure_conv", window_s=2.0, load_scale=(1.0, 3.0))),
+    "v1": (envs.ENV_ID_V1, dict(workloads=["synthetic_azure_conv"] * 2, window_s=4.0, load_scale=(1.0, 3.0))),
+    "v1_common": (
+        envs.ENV_ID_V1,
+        dict(workloads=["synthetic_azure_conv"], window_scale=0.05, load_scale=(1.5, 2.5), input_seed=5),
+    ),
+}
 
 
 def make_env(**kw) -> ChunkedPrefillEnv:
-    return ChunkedPrefillEnv(**{**KW, **kw})
+    return ChunkedPrefillEnv(**{"version": 0, **KW, **kw})
 
 
 def test_registered_and_passes_both_checkers():
-    env = gym.make(envs.ENV_ID, **KW)
+    env = gym.make(envs.ENV_ID_V0, **KW)
     assert isinstance(env.action_space, gym.spaces.MultiDiscrete)
     assert env.action_space.nvec.tolist() == [9, 3]
-    check_env(env.unwrapped, skip_render_check=True)
+    assert env.unwrapped.version.number == 0
+    check_env(env.unwrapped)
     sb3_check_env(env.unwrapped, warn=True)
+
+
+def test_one_class_for_every_version_and_the_newest_is_the_default():
+    specs = [gym.spec(env_id) for env_id in (envs.ENV_ID_V0, envs.ENV_ID_V1)]
+    assert {s.entry_point for s in specs} == {"envs.chunked_prefill:ChunkedPrefillEnv"}
+    assert [s.kwargs["version"] for s in specs] == [0, 1]
+    assert envs.ENV_ID == envs.ENV_ID_V1 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
+    assert EnvConfig().id == envs.ENV_ID  # what train.py trains on
+    assert (
+        ChunkedPrefillEnv(cost_model="roofline", workload="synthetic_azure_conv").version.number
+        == LATEST_VERSION
+    )
+    assert version_of(envs.ENV_ID_V0) is VERSIONS[0] and version_of(envs.ENV_ID_V1) is VERSIONS[1]
+    with pytest.raises(
+        ValueError, match=r"'chunkgym/ChunkedPrefill-v9' is not registered; chunkgym envs: \["
+    ):
+        version_of("chunkgym/ChunkedPrefill-v9")
+
+
+def _jsonable(info: dict) -> dict:
+    return {
+        k: _jsonable(v) if isinstance(v, dict) else v.item() if isinstance(v, np.generic) else v
+        for k, v in info.items()
+    }
+
+
+def _pinned_rollout(env: gym.Env, seed: int, episodes: int = 2) -> dict:
+    """Episodes of random valid actions; row 0 of each episode is its reset (reward NaN)."""
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list] = {"obs": [], "reward": [], "truncated": [], "info": []}
+    n = env.action_space.nvec[0]
+    for episode in range(episodes):
+        obs, info = env.reset(seed=seed if episode == 0 else None)
+        reward, trunc = np.nan, False
+        while True:
+            mask = info.pop("action_mask")
+            assert mask is env.unwrapped.action_masks()  # the same array, not a copy
+            for key, value in zip(rows, (obs, reward, trunc, _jsonable(info)), strict=True):
+                rows[key].append(value)
+            if trunc:
+                break
+            action = np.array([rng.choice(np.flatnonzero(mask[:n])), rng.choice(np.flatnonzero(mask[n:]))])
+            obs, reward, term, trunc, info = env.step(action)
+            assert not term
+    return rows
+
+
+@pytest.mark.parametrize("case", PINNED)
+def test_trajectories_match_the_replaced_classes_bit_for_bit(case):
+    env_id, kw = PINNED[case]
+    got = _pinned_rollout(gym.make(env_id, cost_model="roofline", **kw), seed=11)
+    with np.load(TRAJECTORIES) as recorded:
+        want = {key: recorded[f"{case}/{key}"] for key in ("obs", "reward", "truncated")}
+        want_info = json.loads(str(recorded[f"{case}/info"]))
+    assert len(got["obs"]) == len(want["obs"]), case
+    for key, expected in want.items():
+        np.testing.assert_array_equal(np.array(got[key]), expected, err_msg=f"{case}: {key}")
+    for row, (g, w) in enumerate(zip(got["info"], want_info, strict=True)):
+        assert json.dumps(g, sort_keys=True) == json.dumps(w, sort_keys=True), f"{case}: info of row {row}"
+    assert sum("serving" in info for info in got["info"]) == 2
 
 
 def _random_rollout(env, seed, steps=400):
@@ -57,7 +135,7 @@ def test_masked_actions_map_to_valid_ones_with_the_same_plan():
     rng = np.random.default_rng(0)
     checked = 0
     for _ in range(300):
-        view = env.sim.core.view
+        view = env.sim.view
         mask = action_mask(view)
         for level in range(NUM_LEVELS):
             for rule in range(3):
@@ -82,7 +160,7 @@ def test_episode_return_equals_good_minus_bad_and_tracks_goodput():
         _, r, term, trunc, info = env.step(np.array([3, 0]))  # constant action: Sarathi at 512
         assert not term
         total += r
-    ep = info["episode"]
+    ep = info["serving"]
     n = info["requests"]
     assert info["good"] + info["bad"] == n
     assert total == info["good"] - info["bad"]
@@ -108,5 +186,11 @@ def test_constant_action_is_sarathi():
 def test_bad_arguments_fail_clearly():
     with pytest.raises(ValueError, match="azure_conv"):
         ChunkedPrefillEnv(workload="no_such_workload", cost_model="roofline")
+    with pytest.raises(ValueError, match="version must be one of"):
+        make_env(version=7)
+    with pytest.raises(ValueError, match="workloads or workload"):
+        make_env(workloads=["synthetic_azure_conv"])
+    with pytest.raises(ValueError, match="render_mode must be one of"):
+        make_env(render_mode="human")
     with pytest.raises(ValueError, match="load_scale"):
         make_env(load_scale=(2.0, 1.0))

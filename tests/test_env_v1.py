@@ -7,10 +7,14 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
 from envs.actions import NUM_LEVELS
-from envs.chunked_prefill_v1 import ChunkedPrefillEnvV1
+from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.features import FEATURE_NAMES_V1
 
 KW = dict(workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=20.0, load_scale=2.0)
+
+
+def make_env(**kw) -> ChunkedPrefillEnv:
+    return ChunkedPrefillEnv(version=1, **{**KW, **kw})
 
 
 def _rollout(env, seed):
@@ -30,12 +34,12 @@ def test_registered_with_its_spaces_and_passes_both_checkers():
     env = gym.make(envs.ENV_ID_V1, **KW)
     assert env.action_space.nvec.tolist() == [9, 4]
     assert env.observation_space.shape == (len(FEATURE_NAMES_V1),)
-    check_env(env.unwrapped, skip_render_check=True)
+    check_env(env.unwrapped)
     sb3_check_env(env.unwrapped, warn=True)
 
 
 def test_every_step_is_a_decision():
-    env = ChunkedPrefillEnvV1(**KW)
+    env = make_env()
     env.reset(seed=0)
     for _ in range(300):
         assert env.sim.core.queue, "a step was offered with nothing to decide"
@@ -44,7 +48,7 @@ def test_every_step_is_a_decision():
 
 
 def test_return_is_good_minus_bad_although_credit_comes_at_the_first_token():
-    env = ChunkedPrefillEnvV1(**KW)
+    env = make_env()
     for seed in range(3):
         total, info = _rollout(env, seed)
         assert info["good"] + info["bad"] == info["requests"]
@@ -53,8 +57,8 @@ def test_return_is_good_minus_bad_although_credit_comes_at_the_first_token():
 
 def test_common_inputs_replay_the_same_episode_sequence_across_envs():
     kw = {**KW, "workloads": ["synthetic_azure_conv", "synthetic_azure_conv"], "load_scale": (1.0, 3.0)}
-    a, b = ChunkedPrefillEnvV1(input_seed=5, **kw), ChunkedPrefillEnvV1(input_seed=5, **kw)
-    c = ChunkedPrefillEnvV1(**kw)
+    a, b = make_env(input_seed=5, **kw), make_env(input_seed=5, **kw)
+    c = make_env(**kw)
     a.reset(seed=1), b.reset(seed=2), c.reset(seed=1)
     for _ in range(3):
         assert a.load == b.load

@@ -8,20 +8,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envs import ENV_ID, ENV_ID_V1
+from envs import ENV_ID_V0, ENV_ID_V1
 from envs.actions import NVEC
-from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.features import FEATURE_NAMES_V0
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy, load_program
 
-N_FEATURES = len(ChunkedPrefillEnv.feature_names)
+N_FEATURES = len(FEATURE_NAMES_V0)
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("export")
-    write_export(PolicyNet([N_FEATURES, 64, 64], NVEC), ENV_ID, directory, {"note": "untrained"})
+    write_export(PolicyNet([N_FEATURES, 64, 64], NVEC), ENV_ID_V0, directory, {"note": "untrained"})
     return directory
 
 
@@ -74,7 +74,7 @@ def test_unreadable_weights_even_with_matching_hash(copy):
 
 def test_wrong_feature_count(copy):
     _edit_spec(copy, lambda s: s["feature_names"].pop())
-    with pytest.raises(ExportError, match=rf"policy\.json: field 'feature_names' is .* but {ENV_ID} has"):
+    with pytest.raises(ExportError, match=rf"policy\.json: field 'feature_names' is .* but {ENV_ID_V0} has"):
         load_policy(copy)
 
 

@@ -22,10 +22,10 @@ from policies.training import make_env
 
 COMMON = dict(cost_model="roofline", window_s=20.0, load_scale=(1.0, 2.0))
 ENV_KW = {  # v1 takes a list of workloads
-    envs.ENV_ID: dict(workload="synthetic_azure_conv", **COMMON),
+    envs.ENV_ID_V0: dict(workload="synthetic_azure_conv", **COMMON),
     envs.ENV_ID_V1: dict(workloads=["synthetic_azure_conv"], **COMMON),
 }
-CASES = [("maskable_ppo", envs.ENV_ID), ("ppo", envs.ENV_ID), ("maskable_ppo", envs.ENV_ID_V1)]
+CASES = [("maskable_ppo", envs.ENV_ID_V0), ("ppo", envs.ENV_ID_V0), ("maskable_ppo", envs.ENV_ID_V1)]
 N_OBS = 1200
 
 
@@ -105,8 +105,8 @@ def test_simulator_with_export_matches_env_with_sb3(trained):
             break
     setup = ServingSetup.from_names(cost_model="roofline")
     result = setup.simulator(trace).run(make_policy(f"learned:{directory}"))
-    assert result.metrics["requests"] == info["episode"]["requests"] > 0
-    assert result.metrics["goodput_rps"] == info["episode"]["goodput_rps"]
+    assert result.metrics["requests"] == info["serving"]["requests"] > 0
+    assert result.metrics["goodput_rps"] == info["serving"]["goodput_rps"]
 
 
 def test_registry_loads_learned_directories(trained):

@@ -84,9 +84,9 @@ def test_a_heuristic_teacher_is_labelled_with_the_action_that_gives_its_plan(ven
     env = gym.make(envs.ENV_ID_V1, **ENV_KW).unwrapped
     env.reset(seed=4)
     teacher = Adaptive(rule="shortest_first")
-    teacher.reset(env.sim.core)
+    teacher.reset(env.sim.view)
     for _ in range(100):
-        view = env.sim.core.view
+        view = env.sim.view
         want = teacher.plan(view)
         level, rule = env.actions.action_for(view, want)
         got = env.actions.plan(view, level, rule)

@@ -38,7 +38,7 @@ def test_invariants_hold_after_every_iteration(w):
     last_now = -1.0
     step = 0
     while sim.advance_to_work():
-        view = core.view
+        view = sim.view
         level, rule = actions[step % len(actions)]
         mask = action_mask(view)
         assert mask[:NUM_LEVELS].any() and mask[NUM_LEVELS:].any()

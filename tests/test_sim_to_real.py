@@ -10,14 +10,15 @@ import sys
 import numpy as np
 import pytest
 
+from calibration.from_engine import cost_file, write
+from calibration.iterations import KNEES, Sample, default_grid, fit
 from chunkgym import REPO_ROOT
-from engine.calibrate import KNEES, Sample, cost_file, default_grid, fit, write
 from engine.model import build_model
 from engine.replay import head, load_config, replay_trace, scheduler_overhead
 from engine.sim_to_real import compare, iteration_mape
 from envs.serving.cost_model import CostParams, RooflineCostModel, load_cost_model
+from envs.serving.loop import SimResult
 from envs.serving.setup import ServingSetup
-from envs.serving.simulator import SimResult
 from envs.serving.specs import load_hardware, load_model
 
 TRUTH = CostParams(
@@ -136,7 +137,7 @@ def test_compare_reports_mape_and_worst_policy_relative_errors():
 
 def test_gpu_script_parses_its_config_without_a_gpu():
     proc = subprocess.run(
-        [sys.executable, "bench/engine_gpu.py", "--dry-run", "seed=3", "hardware=h100_80gb"],
+        [sys.executable, "bench/engine_gpu.py", "dry_run=true", "replay.seed=3", "replay.hardware=h100_80gb"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

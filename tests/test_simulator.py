@@ -149,7 +149,7 @@ def test_rules_order_the_prefill_share():
     trace = make_trace([0.0, 0.0, 0.0], [3000, 100, 2000], [2, 2, 2])
     sim = make_sim(trace)
     sim.advance_to_work()
-    view = sim.core.view
+    view = sim.view
     first = {rule: plan_budget(view, 256, rule).chunks[0][0].rid for rule in Rule}
     assert first[Rule.FCFS] == 0 and first[Rule.SHORTEST_FIRST] == 1
 
@@ -159,3 +159,33 @@ def test_setup_rejects_unknown_names():
         make_setup(model="gpt5")
     with pytest.raises(ValueError, match="h100_80gb"):
         make_setup(hardware="tpu")
+
+
+def test_a_run_cut_by_a_horizon_and_a_predicate_resumes_into_the_uninterrupted_run():
+    """``run_until`` stops between iterations: at the clock horizon (before admitting arrivals)
+    or when the predicate holds (on the state the policy sees next); resuming changes nothing."""
+    rng = np.random.default_rng(7)
+    n = 50
+    trace = make_trace(np.sort(rng.uniform(0, 4, n)), rng.integers(1, 3000, n), rng.integers(1, 200, n))
+    want = make_sim(trace).run(Sarathi(512))
+    sim = make_sim(trace)
+    policy = Sarathi(512)
+    assert sim.run_until(policy, until_s=1.0)
+    assert 1.0 <= sim.core.now < 1.0 + want.iterations["latency"].max()
+    core = sim.core
+    seen: list[int] = []
+    assert sim.run_until(policy, stop=lambda: seen.append(core.n_good) or core.n_good >= 10)
+    assert len(seen) > 1 and seen[-1] == core.n_good >= 10 > max(seen[:-1]), (
+        "stops at the first state that holds"
+    )
+    assert not sim.run_until(policy), "False once the trace is done"
+    got = sim.result()
+    for rid, t in want.token_times.items():
+        np.testing.assert_array_equal(t, got.token_times[rid])
+    np.testing.assert_array_equal(want.iterations["latency"], got.iterations["latency"])
+    early = make_sim(trace)
+    cut = early.run(Sarathi(512), stop=lambda: early.core.n_bad + early.core.n_good >= n // 2)
+    assert cut.metrics["iterations"] < want.metrics["iterations"] and cut.metrics["requests"] == n
+    np.testing.assert_array_equal(
+        cut.iterations["latency"], want.iterations["latency"][: len(cut.iterations["latency"])]
+    )

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from chunkgym import REPO_ROOT
-from envs import ENV_ID, ENV_ID_V1
+from envs import ENV_ID_V0, ENV_ID_V1
 from policies.config import register_configs
 from policies.exported import load_policy
 from tests.test_train_cli import TINY, train
@@ -15,7 +15,7 @@ from tests.test_train_cli import TINY, train
 def test_two_job_sweep_with_the_joblib_launcher(tmp_path):
     """Two jobs in parallel, one per env version (so v1 also trains and exports end to end)."""
     sweep = tmp_path / "sweep"
-    env_ids = f"env.id={ENV_ID},{ENV_ID_V1}"
+    env_ids = f"env.id={ENV_ID_V0},{ENV_ID_V1}"
     out = train(
         "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", env_ids, *TINY, f"hydra.sweep.dir={sweep}"
     )
@@ -23,7 +23,7 @@ def test_two_job_sweep_with_the_joblib_launcher(tmp_path):
     assert "Joblib.Parallel(n_jobs=2" in out.stdout + out.stderr
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name.split("__")[0] for p in jobs] == ["0", "1"]
-    for job, env_id in zip(jobs, (ENV_ID, ENV_ID_V1), strict=True):
+    for job, env_id in zip(jobs, (ENV_ID_V0, ENV_ID_V1), strict=True):
         summary = json.loads((job / "summary.json").read_text())
         assert summary["timesteps"] == 256 and summary["run_dir"] == str(job)
         assert all((job / "export" / f"policy.{ext}").is_file() for ext in ("safetensors", "json", "pt2"))

@@ -1,11 +1,11 @@
 """The serving state machine shared by the simulator and the real engine.
 
-Per iteration the driver (``Simulator`` or the engine) calls::
+Per iteration :class:`~envs.serving.loop.ServingLoop` calls::
 
-    core.prepare(now)             # admit arrivals, keep the decodes' KV room (preempting)
-    plan = policy.plan(core.view)
+    core.advance_to_work(wait)    # admit arrivals (idle: wait for one), keep the decodes' KV room
+    plan = policy.plan(core)      # the core is the policy's read-only ServingView
     batch = core.begin(plan)      # validate the plan, allocate KV
-    ...execute the batch: cost model or real forward pass -> t_end...
+    ...an executor runs the batch: cost model or real forward pass -> t_end...
     core.end(batch, t_end)        # progress, token emissions, finishes, SLO bookkeeping
 
 Decoding requests form one *decode group* that steps together (plans step all
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,9 @@ from envs.serving.cost_model import CostModel
 from envs.serving.kv_cache import BlockManager
 from envs.serving.metrics import SLO, meets_slo, stall_of, tpot_of
 from envs.serving.request import Request, Status
-from envs.serving.scheduling import Plan, View
+from envs.serving.scheduling import Plan, blocks_needed, may_prefill
+from envs.serving.specs import HardwareSpec, ModelSpec, kv_capacity_tokens
+from envs.serving.workloads.trace import Trace
 
 RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
 LATENCY_EWMA_ALPHA = 0.1
@@ -54,7 +56,6 @@ class Batch:
     num_decode: int
     decode_context: int  # KV tokens the decodes attend to, summed
     chunks: list[tuple[Request, int, int]]  # (request, query tokens, tokens already in KV)
-    decode_members: list[Request] | None = None  # filled for executors that need them (the engine)
 
 
 class DecodeGroup:
@@ -160,7 +161,11 @@ class DecodeGroup:
 
 
 class ServingCore:
-    """Queues, KV cache, decode group and SLO bookkeeping of one serving instance."""
+    """Queues, KV cache, decode group and SLO bookkeeping of one serving instance.
+
+    It satisfies :class:`~envs.serving.scheduling.ServingView` (the properties and queries
+    below the bookkeeping), so policies read it directly, typed as the read-only view.
+    """
 
     def __init__(
         self,
@@ -198,12 +203,90 @@ class ServingCore:
         self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
-        self.view = View(self)
         # Called after a request's KV blocks are released (finish or preemption), so an executor
         # that holds physical blocks (the real engine) frees them at the same point; None: no one.
         self.on_release: Callable[[Request], None] | None = None
         # Seconds per prefill token on an idle engine (LEAST_SLACK's estimate), from a 1k prompt.
         self.prefill_s_per_token = cost_model.prefill_time_alone(1024) / 1024
+
+    @classmethod
+    def for_trace(
+        cls,
+        trace: Trace,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        cost_model: CostModel,
+        slo: SLO,
+        config: ServingConfig,
+        tp: int = 1,
+    ) -> ServingCore:
+        """A fresh core serving ``trace``, its KV cache sized from the model and the hardware
+        (unless ``config.num_blocks`` is set)."""
+        num_blocks = config.num_blocks or (
+            kv_capacity_tokens(model, hardware, tp, config.activation_reserve_gib) // config.block_size
+        )
+        kv = BlockManager(num_blocks, config.block_size, trace.hash_block_tokens)
+        hashes = trace.hash_ids
+        requests = [
+            Request(i, float(a), int(p), int(o), None if hashes is None else hashes[i])
+            for i, (a, p, o) in enumerate(
+                zip(trace.arrival_s, trace.prompt_len, trace.output_len, strict=True)
+            )
+        ]
+        return cls(requests, kv, cost_model, slo, config, config.max_model_len or model.max_context)
+
+    # ---- the read-only view (ServingView) ------------------------------------------------
+    @property
+    def lookahead(self) -> Sequence[Request]:
+        return self.queue[: self.config.lookahead]
+
+    @property
+    def num_decode(self) -> int:
+        return self.decode.n
+
+    @property
+    def num_decode_doomed(self) -> int:
+        return self.decode.n_doomed
+
+    @property
+    def decode_context(self) -> int:
+        return self.decode.context_sum(self.decode.clock)
+
+    @property
+    def last_decode_time(self) -> float:
+        return self.decode.last_time
+
+    @property
+    def num_prefilling(self) -> int:
+        return self.n_running_prefill
+
+    @property
+    def free_blocks(self) -> int:
+        return self.kv.free - self.decode_block_need()
+
+    @property
+    def total_blocks(self) -> int:
+        return self.kv.total
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def free_slots(self) -> int:
+        return self.config.max_num_seqs - self.decode.n - self.n_running_prefill
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
+
+    def min_tpot_slack(self) -> float:
+        return self.decode.min_tpot_slack()
+
+    def predict_latency(
+        self, num_decode: int, decode_context: int, query_lens: Sequence[int], computed_lens: Sequence[int]
+    ) -> float:
+        return self.cost_model.iteration_time(num_decode, decode_context, query_lens, computed_lens)
 
     # ---- arrivals ------------------------------------------------------------------------
     def admit_arrivals(self) -> None:
@@ -268,7 +351,7 @@ class ServingCore:
     def advance_to_work(self, wait_until: Callable[[float], float]) -> bool:
         """Admit arrivals; when idle, let ``wait_until(t)`` move time to the next arrival ``t`` (it
         returns the time it is then: ``t`` on a virtual clock, possibly later on a wall clock).
-        False once the trace is done. Shared by the simulator and the real engine."""
+        False once the trace is done."""
         self.prepare()
         while not self.has_work():
             t = self.next_arrival_time()
@@ -288,15 +371,8 @@ class ServingCore:
 
     def _can_progress(self) -> bool:
         """Whether the planner could give some queued prompt a token with the free KV blocks."""
-        free, slots = self.kv.free, self.free_slots()
-        return any(self.may_prefill(r, free, slots) for r in self.lookahead())
-
-    def may_prefill(self, req: Request, free_blocks: int, free_slots: int) -> bool:
-        """Whether ``req`` may get prefill tokens: a running prompt if one more token's KV fits; a new
-        one (admission, as vLLM) only with a free batch slot and KV room for its whole remaining prompt."""
-        if req.running:
-            return self.tokens_fitting(req, free_blocks) > 0
-        return free_slots > 0 and self.blocks_needed(req, req.target - req.computed) <= free_blocks
+        free, slots, bs = self.kv.free, self.free_slots, self.kv.block_size
+        return any(may_prefill(bs, r, free, slots) for r in self.lookahead)
 
     def _free_for_progress(self) -> None:
         """With no decodes to finish and free memory, partial prefills could wait on each other forever.
@@ -317,22 +393,6 @@ class ServingCore:
     def decode_block_need(self) -> int:
         return self.decode.block_need(self.decode.clock)
 
-    def free_slots(self) -> int:
-        return self.config.max_num_seqs - self.decode.n - self.n_running_prefill
-
-    def lookahead(self) -> list[Request]:
-        return self.queue[: self.config.lookahead]
-
-    def blocks_needed(self, req: Request, tokens: int) -> int:
-        bs = self.kv.block_size
-        c = req.computed
-        return -(-(c + tokens) // bs) - -(-c // bs)
-
-    def tokens_fitting(self, req: Request, free_blocks: int) -> int:
-        """The most prefill tokens of ``req`` whose KV fits in ``free_blocks`` more blocks."""
-        bs, c = self.kv.block_size, req.computed
-        return max(0, min(req.target - c, (-(-c // bs) + free_blocks) * bs - c))
-
     def begin(self, plan: Plan) -> Batch:
         """Validate ``plan`` against the state and allocate its KV; the batch to execute."""
         dec = self.decode
@@ -347,7 +407,8 @@ class ServingCore:
             need = dec.block_need(dec.clock)
             self.kv.allocate(need)
             free -= need
-        slots = self.free_slots()
+        slots = self.free_slots
+        bs = self.kv.block_size
         chunks = []
         seen = set()
         for req, n in plan.chunks:
@@ -355,7 +416,7 @@ class ServingCore:
                 raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
             if not 1 <= n <= req.target - req.computed:
                 raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - req.computed} left")
-            need = self.blocks_needed(req, n)
+            need = blocks_needed(bs, req, n)
             if need > free:
                 raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
             if not req.running:

@@ -5,6 +5,11 @@ of them, one token each: engines never split the decode batch on purpose, and it
 keeps an iteration's cost independent of how many users are streaming) and which
 waiting prompts get how many prefill tokens.
 
+:class:`ServingView` is all a policy, a feature or an action mask may read: the
+simulator's and the engine's :class:`~envs.serving.core.ServingCore` satisfies it
+directly (no copies, nothing per iteration), and any other scheduler state (a vLLM
+plugin's, say) can implement it to run the same policies.
+
 :func:`plan_budget` is the shared planner: Sarathi-Serve with budget B, the learned
 policy choosing B every step, and the ``adaptive`` heuristic all call it.  Every
 running decode is served first and counts against the budget (if decodes alone fill
@@ -12,11 +17,14 @@ it, no prefill runs); the rest goes to prefill chunks in the order of an allocat
 :class:`Rule`, limited by free KV blocks and the batch-slot limit.  Work is sized by
 the tokens left after prefix-cache hits (``Request.remaining_prefill``), never the raw
 prompt length.  A prompt starts only when a batch slot and KV blocks for all of its
-remaining prefill are free (vLLM's admission rule), so partial prefills rarely wait
-on memory; the core preempts if they ever deadlock.
+remaining prefill are free (vLLM's admission rule, :func:`may_prefill`), so partial
+prefills rarely wait on memory; the core preempts if they ever deadlock.  The core
+validates plans with the same admission arithmetic, which is why it lives here.
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
 call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.
+
+This module imports no implementation: the core imports it, never the reverse.
 """
 
 from __future__ import annotations
@@ -25,12 +33,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
+from envs.serving.metrics import SLO
 from envs.serving.request import Request
-
-if TYPE_CHECKING:
-    from envs.serving.core import ServingCore
 
 
 class Rule(IntEnum):
@@ -57,74 +63,107 @@ class Plan:
         return sum(n for _, n in self.chunks)
 
 
-class View:
-    """A read-only window onto the serving state, handed to policies each iteration.
+@runtime_checkable
+class ServingView(Protocol):
+    """The serving state a policy sees each iteration, read-only.
 
-    It is a thin façade over the live core (no copies, so it costs nothing per
-    iteration); policies must not mutate what it exposes.
+    Requests in ``queue`` are read, never changed: policies name them in a :class:`Plan`.
     """
 
-    __slots__ = ("_core",)
-
-    def __init__(self, core: ServingCore) -> None:
-        self._core = core
+    @property
+    def now(self) -> float: ...
 
     @property
-    def now(self) -> float:
-        return self._core.now
-
-    @property
-    def num_decode(self) -> int:
-        """Requests streaming tokens (the decode group)."""
-        return self._core.decode.n
-
-    @property
-    def decode_context(self) -> int:
-        """KV tokens the decode group's next step attends to, summed."""
-        return self._core.decode.context_sum(self._core.decode.clock)
-
-    @property
-    def last_decode_time(self) -> float:
-        """When the decode group last emitted tokens (-inf if never)."""
-        return self._core.decode.last_time
+    def slo(self) -> SLO: ...
 
     @property
     def queue(self) -> Sequence[Request]:
         """Prompts waiting for prefill, in queue order (preempted ones first, then by arrival)."""
-        return self._core.queue
+        ...
 
     @property
     def lookahead(self) -> Sequence[Request]:
-        """The first ``lookahead_len`` queued prompts: the ones allocation rules reorder."""
-        return self._core.lookahead()
+        """The first queued prompts, the ones allocation rules may reorder."""
+        ...
+
+    @property
+    def num_decode(self) -> int:
+        """Requests streaming tokens (the decode group)."""
+        ...
+
+    @property
+    def num_decode_doomed(self) -> int:
+        """Of those, the ones already known to miss their SLO."""
+        ...
+
+    @property
+    def decode_context(self) -> int:
+        """KV tokens the decode group's next step attends to, summed."""
+        ...
+
+    @property
+    def last_decode_time(self) -> float:
+        """When the decode group last emitted tokens (-inf if never)."""
+        ...
+
+    @property
+    def num_prefilling(self) -> int:
+        """Queued prompts holding a batch slot (mid-prefill)."""
+        ...
 
     @property
     def free_blocks(self) -> int:
         """KV blocks available to prefill after reserving the decodes' next step."""
-        core = self._core
-        return core.kv.free - core.decode_block_need()
+        ...
 
     @property
-    def total_blocks(self) -> int:
-        return self._core.kv.total
+    def total_blocks(self) -> int: ...
 
     @property
-    def block_size(self) -> int:
-        return self._core.kv.block_size
+    def block_size(self) -> int: ...
 
     @property
     def free_slots(self) -> int:
         """Batch slots left for prompts not yet running (max_num_seqs minus running)."""
-        return self._core.free_slots()
-
-    def blocks_needed(self, req: Request, tokens: int) -> int:
-        """Extra private KV blocks ``req`` needs to compute ``tokens`` more tokens."""
-        return self._core.blocks_needed(req, tokens)
+        ...
 
     @property
-    def core(self) -> ServingCore:
-        """The live core, for features that need more (read-only by convention)."""
-        return self._core
+    def max_num_seqs(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        """Seconds per prefill token on an idle engine (the slack rules' estimate)."""
+        ...
+
+    @property
+    def last_latency(self) -> float:
+        """The last iteration's latency (s)."""
+        ...
+
+    @property
+    def latency_ewma(self) -> float: ...
+
+    @property
+    def prefix_hit_ewma(self) -> float:
+        """EWMA of the prompt fraction recent arrivals found in the prefix cache."""
+        ...
+
+    def arrival_rate(self) -> float:
+        """Arrivals per second, recently."""
+        ...
+
+    def min_tpot_slack(self) -> float:
+        """Least TPOT slack (s) among streams still able to meet their SLO; inf if none."""
+        ...
+
+    def predict_latency(
+        self, num_decode: int, decode_context: int, query_lens: Sequence[int], computed_lens: Sequence[int]
+    ) -> float:
+        """The cost model's latency (s) for an iteration of that shape."""
+        ...
 
 
 class Policy(ABC):
@@ -132,14 +171,36 @@ class Policy(ABC):
 
     name: str = "policy"
 
-    def reset(self, core: ServingCore) -> None:  # noqa: B027 - optional hook
-        """Called before a run; ``core`` exposes the cost model and SLO for policies that predict."""
+    def reset(self, view: ServingView) -> None:  # noqa: B027 - optional hook
+        """Called before a run, for policies that read the SLO or the limits once."""
 
     @abstractmethod
-    def plan(self, view: View) -> Plan: ...
+    def plan(self, view: ServingView) -> Plan: ...
 
 
-def rule_order(view: View, rule: Rule) -> Sequence[Request]:
+# ---- admission arithmetic: pure, shared by the planners and the core's plan validation --------
+def blocks_needed(block_size: int, req: Request, tokens: int) -> int:
+    """Extra private KV blocks ``req`` needs to compute ``tokens`` more tokens."""
+    c = req.computed
+    return -(-(c + tokens) // block_size) - -(-c // block_size)
+
+
+def tokens_fitting(block_size: int, req: Request, free_blocks: int) -> int:
+    """The most prefill tokens of ``req`` whose KV fits in ``free_blocks`` more blocks."""
+    c = req.computed
+    return max(0, min(req.target - c, (-(-c // block_size) + free_blocks) * block_size - c))
+
+
+def may_prefill(block_size: int, req: Request, free_blocks: int, free_slots: int) -> bool:
+    """Whether ``req`` may get prefill tokens: a running prompt if one more token's KV fits; a new
+    one (admission, as vLLM) only with a free batch slot and KV room for its whole remaining prompt."""
+    if req.running:
+        return tokens_fitting(block_size, req, free_blocks) > 0
+    return free_slots > 0 and blocks_needed(block_size, req, req.target - req.computed) <= free_blocks
+
+
+# ---- the shared planner ------------------------------------------------------------------------
+def rule_order(view: ServingView, rule: Rule) -> Sequence[Request]:
     """The lookahead of waiting prompts, in the order ``rule`` serves them."""
     cands = view.lookahead
     if len(cands) <= 1:
@@ -148,7 +209,7 @@ def rule_order(view: View, rule: Rule) -> Sequence[Request]:
         return sorted(cands, key=_fcfs_key)
     if rule == Rule.SHORTEST_FIRST:
         return sorted(cands, key=_remaining_key)
-    per_token = view.core.prefill_s_per_token
+    per_token = view.prefill_s_per_token
     if rule == Rule.LEAST_SLACK:
         return sorted(cands, key=lambda r: r.deadline - per_token * r.remaining_prefill)
     return sorted(cands, key=lambda r: (r.violated, r.deadline - per_token * r.remaining_prefill))
@@ -162,7 +223,7 @@ def _remaining_key(r: Request) -> tuple[int, int]:
     return (r.target - r.computed, r.seq)
 
 
-def plan_budget(view: View, budget: int, rule: Rule = Rule.FCFS, with_decodes: bool = True) -> Plan:
+def plan_budget(view: ServingView, budget: int, rule: Rule = Rule.FCFS, with_decodes: bool = True) -> Plan:
     """The shared planner: all decodes, then prefill chunks by ``rule`` within ``budget`` tokens.
 
     With ``with_decodes=False`` the decodes wait this iteration and the whole budget
@@ -173,17 +234,17 @@ def plan_budget(view: View, budget: int, rule: Rule = Rule.FCFS, with_decodes: b
     plan = Plan(decode=n_dec > 0)
     if left <= 0 or not view.queue:
         return plan
-    core = view.core
+    bs = view.block_size
     free = view.free_blocks
     slots = view.free_slots
     for req in rule_order(view, rule):
-        if not core.may_prefill(req, free, slots):
+        if not may_prefill(bs, req, free, slots):
             continue
         n = min(req.target - req.computed, left)
-        need = core.blocks_needed(req, n)
+        need = blocks_needed(bs, req, n)
         if need > free:  # a running prompt: the chunk that fits
-            n = core.tokens_fitting(req, free)
-            need = core.blocks_needed(req, n)
+            n = tokens_fitting(bs, req, free)
+            need = blocks_needed(bs, req, n)
         plan.chunks.append((req, n))
         left -= n
         free -= need
@@ -194,11 +255,10 @@ def plan_budget(view: View, budget: int, rule: Rule = Rule.FCFS, with_decodes: b
     return plan
 
 
-def plan_latency(view: View, plan: Plan) -> float:
+def plan_latency(view: ServingView, plan: Plan) -> float:
     """The cost model's prediction for ``plan`` in the current state (seconds)."""
-    core = view.core
-    n_dec = core.decode.n if plan.decode else 0
-    return core.cost_model.iteration_time(
+    n_dec = view.num_decode if plan.decode else 0
+    return view.predict_latency(
         n_dec,
         view.decode_context if n_dec else 0,
         [n for _, n in plan.chunks],

@@ -1,13 +1,17 @@
-"""engine/profile.py: compositions become runnable batches and rows in the cost model's terms."""
+"""Our engine as a profiling source: compositions become runnable batches and rows in the cost model's terms."""
 
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from engine.profile import Composition, default_compositions, main, measure
+from calibration.iterations import Composition
+from calibration.sources.engine import ProbeOptions, default_compositions, measure, probe
+from chunkgym import REPO_ROOT
 
 
 def test_composition_items_use_disjoint_blocks_and_the_stated_contexts():
@@ -31,14 +35,22 @@ def test_measure_reports_cost_model_arguments():
     assert all(0 < r["min_s"] <= r["median_s"] and r["repeats"] == 3 for r in rows)
 
 
-def test_cli_writes_one_row_per_default_composition(tmp_path, capsys):
+def test_cli_writes_one_row_per_default_composition(tmp_path):
     out = tmp_path / "tiny.csv"
-    threads = str(torch.get_num_threads())
-    main(["--preset", "tiny", "--threads", threads, "--repeats", "1", "--warmup", "0", "--csv", str(out)])
+    args = ["preset=tiny", "threads=1", "repeats=1", "warmup=0", f"csv={out}"]
+    cmd = [sys.executable, "-m", "calibration.sources.engine", *args]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     with out.open() as f:
         labels = [row["label"] for row in csv.DictReader(f)]
     assert labels == [c.label for c in default_compositions()]
-    assert "prefill 2048" in capsys.readouterr().out
+    assert "prefill 2048" in proc.stdout
+
+
+@pytest.mark.parametrize(("field", "value"), [("preset", "huge"), ("dtype", "int8")])
+def test_a_bad_choice_is_named_before_building_a_model(field, value):
+    with pytest.raises(SystemExit, match=f"{field}: '{value}'"):
+        probe(ProbeOptions(**{field: value}))
 
 
 @pytest.mark.parametrize(
@@ -52,3 +64,13 @@ def test_cli_writes_one_row_per_default_composition(tmp_path, capsys):
 def test_bad_composition_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Composition("bad", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"), [("replay.model=nope", "unknown model 'nope'"), ("repeats=x", "repeats")]
+)
+def test_engine_calibration_names_bad_input_before_profiling(tmp_path, override, named):
+    cmd = [sys.executable, "-m", "calibration.from_engine", override, f"out={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and named in proc.stderr
+    assert not list(tmp_path.iterdir())

@@ -8,14 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration import engine as eng
+from calibration import whole_request
 from calibration.fit import StepRoofline
 from calibration.kernels import Kernels, kernel_params, layer_weight_seconds
 from envs.serving.specs import load_hardware, load_model
 
 MODEL = load_model("llama2_70b")
 HW = load_hardware("h100_80gb")
-ENGINE = eng.EngineFit(
+ENGINE = whole_request.EngineFit(
     cpu_fixed_s=0.03,
     cpu_prefill_s=0.02,
     cpu_s_per_seq=3e-4,
@@ -46,26 +46,28 @@ def _rows() -> pd.DataFrame:
         [(tp, p, b, 128, 1.0) for tp in (2, 8) for p, b in ((128, 1), (512, 32), (4096, 1))],
         columns=["tp", "prompt", "batch", "tokens", "seconds"],
     )
-    return eng.measurement_rows(prompt, token)
+    return whole_request.measurement_rows(prompt, token)
 
 
 def test_vectorised_fit_form_equals_the_cost_model() -> None:
     rows = _rows()
     kernels = {tp: _kernels(tp) for tp in (2, 8)}
-    comps = eng.components(rows, MODEL, HW, kernels)
-    vectorised = eng.predict(eng.engine_vector(ENGINE), comps)
-    params = {tp: eng.apply_engine(k, ENGINE, MODEL, HW, tp, MODEL, HW) for tp, k in kernels.items()}
-    direct = eng.cost_model_predictions(rows, params)
+    comps = whole_request.components(rows, MODEL, HW, kernels)
+    vectorised = whole_request.predict(whole_request.engine_vector(ENGINE), comps)
+    params = {
+        tp: whole_request.apply_engine(k, ENGINE, MODEL, HW, tp, MODEL, HW) for tp, k in kernels.items()
+    }
+    direct = whole_request.cost_model_predictions(rows, params)
     np.testing.assert_allclose(vectorised, direct, rtol=1e-6)
 
 
 def test_fit_recovers_its_own_predictions() -> None:
     rows = _rows()
     kernels = {tp: _kernels(tp) for tp in (2, 8)}
-    comps = eng.components(rows, MODEL, HW, kernels)
-    seconds = eng.predict(eng.engine_vector(ENGINE), comps)
-    fit = eng.fit_engine(comps, seconds)
-    refit = eng.predict(eng.engine_vector(fit), comps)
+    comps = whole_request.components(rows, MODEL, HW, kernels)
+    seconds = whole_request.predict(whole_request.engine_vector(ENGINE), comps)
+    fit = whole_request.fit_engine(comps, seconds)
+    refit = whole_request.predict(whole_request.engine_vector(fit), comps)
     assert np.max(np.abs(refit / seconds - 1)) < 0.02
     assert fit.prefill_attention_factor >= 1.0 and fit.decode_attention_factor >= 1.0
 
@@ -74,13 +76,13 @@ def test_transfer_rules() -> None:
     small = load_model("llama2_7b")
     a40 = load_hardware("a40")
     base = dataclasses.replace(_kernels(2), num_layers=small.num_layers)
-    moved = eng.apply_engine(base, ENGINE, small, a40, 2, MODEL, HW, link_ratio=10.0)
+    moved = whole_request.apply_engine(base, ENGINE, small, a40, 2, MODEL, HW, link_ratio=10.0)
     assert moved.cpu_fixed_s == pytest.approx(ENGINE.cpu_fixed_s * small.num_layers / MODEL.num_layers)
     traffic = small.hidden_size * small.num_layers / (MODEL.hidden_size * MODEL.num_layers)
     assert moved.iter_s_per_token == pytest.approx(
         ENGINE.s_per_token * traffic * HW.hbm_bandwidth / a40.hbm_bandwidth
     )
-    assert moved.allreduce_knee_tokens == eng.LARGE_MESSAGE_BYTES // (small.hidden_size * 2)
+    assert moved.allreduce_knee_tokens == whole_request.LARGE_MESSAGE_BYTES // (small.hidden_size * 2)
     assert moved.allreduce_s_per_token_above == pytest.approx(1e-11 * 1.0 * small.hidden_size * 2 * 10.0)
-    single = eng.apply_engine(dataclasses.replace(_kernels(1)), ENGINE, MODEL, HW, 1, MODEL, HW)
+    single = whole_request.apply_engine(dataclasses.replace(_kernels(1)), ENGINE, MODEL, HW, 1, MODEL, HW)
     assert single.allreduce_s_per_token_above == 0.0 and single.allreduce_count == 0

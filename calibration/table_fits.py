@@ -1,7 +1,7 @@
 """Per-layer and per-op fits of one Vidur-format table, with held-out errors.
 
 For each tensor-parallel degree of a table the per-layer time (sum of
-:data:`calibration.vidur.LAYER_OPS`) is fitted with :func:`calibration.fit.fit_step_roofline`
+:data:`calibration.sources.vidur.LAYER_OPS`) is fitted with :func:`calibration.fit.fit_step_roofline`
 on 80% of the token points; the other 20% measure the error.  Each op is fitted the same
 way, for the per-op error report only (single ops are noisier than their sum).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibration.fit import StepRoofline, fit_step_roofline, holdout_mask, mape, token_step_candidates
-from calibration.vidur import ALL_OPS, CollectiveTimes, OpTimes
+from calibration.sources.vidur import ALL_OPS, CollectiveTimes, OpTimes
 
 HOLDOUT_FRACTION = 0.2
 

@@ -5,26 +5,27 @@ fused QKV projection, RoPE, output projection, fused gate/up projection, SwiGLU,
 projection, residual add), each on one tensor-parallel rank's shard, for a grid of token
 counts.  The output has Vidur's columns, so ``python -m calibration`` code fits it as is::
 
-    python -m calibration.profile_gpu --model llama3_8b --tp 1 2 4 8 --out profiles/h200/mlp.csv
+    python -m calibration.sources.torch_ops model=llama3_8b "tp=[1,2,4,8]" out=profiles/h200/mlp.csv
 
-``--smoke`` runs a tiny model on a few token counts (seconds on a CPU) to check the format.
+``smoke=true`` runs a tiny model on a few token counts (seconds on a CPU) to check the format.
 Tests and CI never need a GPU.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import nn
 
-from calibration.vidur import ALL_OPS, STATS, op_column
+from calibration.sources.vidur import ALL_OPS, STATS, op_column
+from chunkgym import resolve_path
+from chunkgym.cli import hydra_cli
 from envs.serving.specs import ModelSpec, load_model
 
 SMOKE_MODEL = ModelSpec(
@@ -201,35 +202,43 @@ def _stats(op: str, ms: list[float]) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(
-        prog="python -m calibration.profile_gpu", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--model", default="llama3_8b", help="conf/model name")
-    parser.add_argument(
-        "--tp", nargs="+", type=int, default=[1, 2, 4, 8], help="tensor-parallel degrees (shards)"
-    )
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--out", required=True, help="the mlp.csv to write")
-    parser.add_argument("--smoke", action="store_true", help="tiny model, 4 token counts: a format check")
-    args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if args.smoke:
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class Options:
+    """``python -m calibration.sources.torch_ops``'s options."""
+
+    out: str  # the mlp.csv to write (required)
+    model: str = "llama3_8b"  # conf/model name
+    tp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # tensor-parallel degrees (shards)
+    max_tokens: int = 4096
+    warmup: int = 5
+    repeats: int = 20
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+    dtype: str = "bfloat16"  # bfloat16, float16 or float32
+    smoke: bool = False  # tiny model, a few token counts: a format check
+
+
+def run(opts: Options) -> Path:
+    """Profile and write the table; returns its path."""
+    if opts.dtype not in DTYPES:
+        raise SystemExit(f"dtype: {opts.dtype!r} is not one of {', '.join(DTYPES)}")
+    device = torch.device(opts.device)
+    if opts.smoke:
         model, tokens, tps, warmup, repeats = SMOKE_MODEL, SMOKE_TOKENS, [1, 2], 1, 3
     else:
-        model, tokens, tps = load_model(args.model), default_tokens(args.max_tokens), args.tp
-        warmup, repeats = args.warmup, args.repeats
-    table = profile(model, tps, tokens, device, getattr(torch, args.dtype), warmup, repeats)
-    out = Path(args.out)
+        model, tokens, tps = load_model(opts.model), default_tokens(opts.max_tokens), opts.tp
+        warmup, repeats = opts.warmup, opts.repeats
+    table = profile(model, tps, tokens, device, getattr(torch, opts.dtype), warmup, repeats)
+    out = resolve_path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out, index=False)
     print(f"wrote {len(table)} rows ({model.name}, tp {tps}, {device}) to {out}")
     return out
 
+
+main = hydra_cli(Options, name="calibration_torch_ops")(run)
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
-"""The whole calibration: fit what is measured, derive what is not, check both.
+"""Coefficient files from published profiles (Vidur tables, Splitwise runs).
 
-:func:`calibrate` is pure (reads the data, returns a :class:`Calibration`); writing the
-coefficient files and the report is left to :mod:`calibration.files` and
-:mod:`calibration.report`.  Which table feeds which configuration:
+Fit what is measured, derive what is not, check both.  :func:`calibrate` is pure (reads the
+data, returns a :class:`Calibration`); writing the coefficient files and the report is left to
+:mod:`calibration.cost_files` and :mod:`calibration.report` (``python -m calibration`` does all
+three).  Which table feeds which configuration:
 
 * per-layer time: the Vidur table of that GPU and model; else the same GPU's table of the
   model with the nearest per-layer weight count, roofline-scaled (Mistral-7B uses
@@ -11,7 +12,8 @@ coefficient files and the report is left to :mod:`calibration.files` and
 * all-reduce: the GPU's DGX table; H200 uses H100's (same NVLink and NVSwitch); A40 has
   none, so A100's is slowed by the ratio of the two GPUs' measured send/recv bandwidths;
 * attention and engine terms: the Splitwise Llama-2-70B fit of that GPU, or of its source
-  GPU (A40 from A100, H200 from H100), moved to the model by :func:`calibration.engine.apply_engine`.
+  GPU (A40 from A100, H200 from H100), moved to the model by
+  :func:`calibration.whole_request.apply_engine`.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration import engine as eng
-from calibration import layers, splitwise, vidur
+from calibration import table_fits, whole_request
+from calibration.cost_files import CostFile
 from calibration.derive import scale_collective, scale_layer
 from calibration.fit import StepRoofline, mape
 from calibration.kernels import Kernels, kernel_params, layer_weight_seconds
+from calibration.sources import splitwise, vidur
 from envs.serving.cost_model import CostParams
 from envs.serving.specs import (
     HardwareSpec,
@@ -63,30 +66,17 @@ class LayerRecord:
 
     hardware: str
     model: str
-    fit: layers.LayerFit
+    fit: table_fits.LayerFit
 
 
 @dataclass(frozen=True)
 class EngineRecord:
     hardware: str
-    fit: eng.EngineFit
+    fit: whole_request.EngineFit
     in_sample: dict[str, float]
-    leave_one_out: tuple[eng.Validation, ...]
+    leave_one_out: tuple[whole_request.Validation, ...]
     rows: int
     source: str
-
-
-@dataclass(frozen=True)
-class CostFile:
-    """One coefficient file's content."""
-
-    hardware: str
-    model: str
-    tp: int
-    derived: bool
-    source: str
-    params: CostParams
-    fit: dict
 
 
 @dataclass
@@ -94,7 +84,7 @@ class Calibration:
     data_root: Path
     files: list[CostFile] = field(default_factory=list)
     layer_fits: list[LayerRecord] = field(default_factory=list)
-    allreduce_fits: dict[tuple[str, int], layers.CollectiveFit] = field(default_factory=dict)
+    allreduce_fits: dict[tuple[str, int], table_fits.CollectiveFit] = field(default_factory=dict)
     engines: dict[str, EngineRecord] = field(default_factory=dict)
     exclusions: tuple[splitwise.Exclusion, ...] = ()
     evidence: dict[str, list[dict]] = field(default_factory=dict)
@@ -108,8 +98,8 @@ class _Sources:
         self.models = [load_model(name) for name in model_names()]
         """Every model in conf/model: any of them can lend its table to a derivation."""
         self._tables: dict[Path, pd.DataFrame | None] = {}
-        self.layer_fits: dict[tuple[str, str, int], layers.LayerFit] = {}
-        self.allreduce_fits: dict[tuple[str, int], layers.CollectiveFit] = {}
+        self.layer_fits: dict[tuple[str, str, int], table_fits.LayerFit] = {}
+        self.allreduce_fits: dict[tuple[str, int], table_fits.CollectiveFit] = {}
 
     def rel(self, path: Path) -> str:
         return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
@@ -120,27 +110,27 @@ class _Sources:
             self._tables[path] = vidur.read_op_table(path) if model.hf_name and path.is_file() else None
         return self._tables[path]
 
-    def layer_fit(self, hardware: HardwareSpec, model: ModelSpec, tp: int) -> layers.LayerFit:
+    def layer_fit(self, hardware: HardwareSpec, model: ModelSpec, tp: int) -> table_fits.LayerFit:
         key = (hardware.name, model.name, tp)
         if key not in self.layer_fits:
             table = self.table(hardware, model)
             path = vidur.compute_table_path(self.root, hardware.profile_name, model.hf_name)
-            self.layer_fits[key] = layers.fit_layer(vidur.op_times(table, tp, self.rel(path)))
+            self.layer_fits[key] = table_fits.fit_layer(vidur.op_times(table, tp, self.rel(path)))
         return self.layer_fits[key]
 
-    def allreduce_fit(self, hardware: HardwareSpec, tp: int) -> layers.CollectiveFit:
+    def allreduce_fit(self, hardware: HardwareSpec, tp: int) -> table_fits.CollectiveFit:
         key = (hardware.name, tp)
         if key not in self.allreduce_fits:
             path = vidur.all_reduce_path(self.root, hardware.profile_name)
             times = vidur.collective_times(path, tp, "all_reduce")
-            self.allreduce_fits[key] = layers.fit_collective(
+            self.allreduce_fits[key] = table_fits.fit_collective(
                 vidur.CollectiveTimes(self.rel(path), times.workers, times.size_bytes, times.seconds)
             )
         return self.allreduce_fits[key]
 
     def send_recv_slope(self, hardware: str) -> float:
         path = vidur.send_recv_path(self.root, SEND_RECV[hardware])
-        return layers.fit_collective(vidur.collective_times(path, 2, "send_recv")).line.slope
+        return table_fits.fit_collective(vidur.collective_times(path, 2, "send_recv")).line.slope
 
     def measured_models(
         self, hardware: HardwareSpec, models: Iterable[ModelSpec] | None = None
@@ -285,7 +275,7 @@ def _cost_file(src: _Sources, cal: Calibration, hw: HardwareSpec, model: ModelSp
     engine_hw = load_hardware(engine_hw_name)
     fitted_model = load_model(ENGINE_MODEL)
     link = _link_ratio(src, hw.name) if hw.name != engine_hw_name else 1.0
-    params = eng.apply_engine(
+    params = whole_request.apply_engine(
         kernel_params(model, hw, tp, kernels), record.fit, model, hw, tp, fitted_model, engine_hw, link
     )
     derived = derived or hw.name != engine_hw_name
@@ -328,15 +318,15 @@ def _rows(measurements: splitwise.Measurements, model: str, hardware: str) -> pd
     def pick(df: pd.DataFrame) -> pd.DataFrame:
         return df[(df["model"] == model) & (df["hardware"] == hardware)]
 
-    return eng.measurement_rows(pick(measurements.prompt), pick(measurements.token))
+    return whole_request.measurement_rows(pick(measurements.prompt), pick(measurements.token))
 
 
 def _fit_engine(src: _Sources, measurements: splitwise.Measurements, hw: HardwareSpec) -> EngineRecord:
     model = load_model(ENGINE_MODEL)
     rows = _rows(measurements, SPLITWISE_MODELS[ENGINE_MODEL], SPLITWISE_NAMES[hw.name])
     tps = sorted(int(t) for t in rows["tp"].unique())
-    comps = eng.components(rows, model, hw, _kernel_params_for(src, hw, model, tps))
-    fit = eng.fit_engine(comps, rows["seconds"].to_numpy())
+    comps = whole_request.components(rows, model, hw, _kernel_params_for(src, hw, model, tps))
+    fit = whole_request.fit_engine(comps, rows["seconds"].to_numpy())
     source = (
         f"splitwise/perf_model.csv {SPLITWISE_MODELS[ENGINE_MODEL]} {SPLITWISE_NAMES[hw.name]} "
         f"TP {'/'.join(map(str, tps))} ({len(rows)} medians after exclusions)"
@@ -344,8 +334,8 @@ def _fit_engine(src: _Sources, measurements: splitwise.Measurements, hw: Hardwar
     return EngineRecord(
         hw.name,
         fit,
-        eng.errors(rows, comps, fit),
-        tuple(eng.leave_one_tp_out(rows, comps)),
+        whole_request.errors(rows, comps, fit),
+        tuple(whole_request.leave_one_tp_out(rows, comps)),
         len(rows),
         source,
     )
@@ -374,7 +364,7 @@ def _extrapolation(src: _Sources) -> list[dict]:
     if table is not None:
         for tp in vidur.tensor_parallel_degrees(table):
             times = vidur.op_times(table, tp)
-            error, top = layers.extrapolation_mape(times, EXTRAPOLATE_FROM)
+            error, top = table_fits.extrapolation_mape(times, EXTRAPOLATE_FROM)
             out.append(
                 {
                     "check": "Llama-3-8B A100, own table",
@@ -472,7 +462,7 @@ def _allreduce_derivation(src: _Sources) -> list[dict]:
 
 def _bloom(src: _Sources, cal: Calibration, measurements: splitwise.Measurements) -> list[dict]:
     """BLOOM-176B at TP 8: kernels scaled from Llama-2-70B's table, engine from the Llama-2-70B fit."""
-    bloom = eng.BLOOM_176B
+    bloom = whole_request.BLOOM_176B
     llama = load_model(ENGINE_MODEL)
     out = []
     for hw_name, sw_name in SPLITWISE_NAMES.items():
@@ -484,7 +474,7 @@ def _bloom(src: _Sources, cal: Calibration, measurements: splitwise.Measurements
         for tp in sorted(int(t) for t in rows["tp"].unique()):
             base = src.layer_fit(hw, llama, tp).layer.split(layer_weight_seconds(llama, hw, tp))
             kernels = Kernels(scale_layer(base, llama, hw, bloom, hw), src.allreduce_fit(hw, tp).line, "", "")
-            params[tp] = eng.apply_engine(
+            params[tp] = whole_request.apply_engine(
                 kernel_params(bloom, hw, tp, kernels), cal.engines[hw_name].fit, bloom, hw, tp, llama, hw
             )
         out += _row_errors(rows, params, f"BLOOM-176B {sw_name}")
@@ -500,13 +490,14 @@ def _power_capped(src: _Sources, cal: Calibration, measurements: splitwise.Measu
     tps = sorted(int(t) for t in rows["tp"].unique())
     kernels = _kernel_params_for(src, hw, model, tps)
     params = {
-        tp: eng.apply_engine(kernels[tp], cal.engines[hw.name].fit, model, hw, tp, model, hw) for tp in tps
+        tp: whole_request.apply_engine(kernels[tp], cal.engines[hw.name].fit, model, hw, tp, model, hw)
+        for tp in tps
     }
     return _row_errors(rows, params, f"Llama-2-70B {POWER_CAPPED} vs the H100 model")
 
 
 def _row_errors(rows: pd.DataFrame, params: dict[int, CostParams], label: str) -> list[dict]:
-    pred = eng.cost_model_predictions(rows, params)
+    pred = whole_request.cost_model_predictions(rows, params)
     out = []
     for (tp, kind), part in rows.groupby(["tp", "kind"]):
         idx = part.index.to_numpy()

@@ -1,5 +1,7 @@
-"""Writing coefficient files (``conf/cost/*.yaml``); reading and validating them is
-:func:`envs.serving.cost_model.read_cost_file`."""
+"""Coefficient files (``conf/cost/*.yaml``): their content and writing them, for every source.
+
+Reading and validating them is :func:`envs.serving.cost_model.read_cost_file`.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +11,7 @@ from typing import Any
 
 import yaml
 
-from calibration.pipeline import CostFile
-from envs.serving.cost_model import cost_file_name
+from envs.serving.cost_model import CostParams, cost_file_name
 
 SIGNIFICANT = 6
 """Digits kept: far below measurement noise, and stable against last-bit float differences."""
@@ -19,16 +20,30 @@ HEADER = (
     "# Cost-model coefficients for chunkgym's simulator (envs/serving/cost_model.py).\n"
     "# Written by `python -m calibration`; do not edit by hand. Times in seconds.\n"
 )
+"""The header of files fitted to published profiles; a live source names its own command."""
 
 
-def write_cost_files(files: list[CostFile], out_dir: Path) -> list[Path]:
-    """One YAML per configuration, overwriting; returns the paths written."""
+@dataclasses.dataclass(frozen=True)
+class CostFile:
+    """One coefficient file's content."""
+
+    hardware: str
+    model: str
+    tp: int
+    derived: bool
+    source: str
+    params: CostParams
+    fit: dict
+
+
+def write_cost_files(files: list[CostFile], out_dir: Path, header: str = HEADER) -> list[Path]:
+    """One YAML per configuration under ``header``, overwriting; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for f in files:
         path = out_dir / cost_file_name(f.hardware, f.model, f.tp)
         path.write_text(
-            HEADER + yaml.safe_dump(cost_file_mapping(f), sort_keys=False, width=110, default_flow_style=None)
+            header + yaml.safe_dump(cost_file_mapping(f), sort_keys=False, width=110, default_flow_style=None)
         )
         written.append(path)
     return written

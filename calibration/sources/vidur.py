@@ -2,7 +2,7 @@
 
 The compute format (``mlp.csv``) has one row per (num_tokens, num_tensor_parallel_workers)
 measurement, columns ``time_stats.<op>.{min,max,mean,median,std}`` in milliseconds and the
-model's shape columns.  The same format is what :mod:`calibration.profile_gpu` writes, so any
+model's shape columns.  The same format is what :mod:`calibration.sources.torch_ops` writes, so any
 table (a Vidur GPU, or a device profiled here) goes through the same functions.
 """
 

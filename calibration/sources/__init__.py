@@ -1,0 +1,7 @@
+"""Where calibration's measurements come from, one module per source.
+
+Published profiles, read: :mod:`~calibration.sources.vidur` (per-op and collective tables) and
+:mod:`~calibration.sources.splitwise` (whole-request runs).  Profilers, run on this machine:
+:mod:`~calibration.sources.engine` (our engine's iterations over batch compositions) and
+:mod:`~calibration.sources.torch_ops` (one layer's ops in plain PyTorch, into a Vidur-format table).
+"""

@@ -1,0 +1,27 @@
+"""Gymnasium registrations of chunkgym's envs: one id per version of one class, as Gymnasium does.
+
+Entry points are strings, so registering imports nothing of ``envs``: ``import chunkgym``
+(or ``import envs``) is enough for ``gym.make``, without an import cycle between the two.
+The version history is in :mod:`envs.chunked_prefill`'s docstring.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+from gymnasium.envs.registration import WrapperSpec
+
+ENV_ID_V0 = "chunkgym/ChunkedPrefill-v0"
+ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
+ENV_ID = ENV_ID_V1
+"""The newest version: the default of train.py, the leaderboard and the benchmarks."""
+
+_ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
+
+for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1)):
+    if _id not in gymnasium.registry:
+        gymnasium.register(
+            id=_id,
+            entry_point="envs.chunked_prefill:ChunkedPrefillEnv",
+            kwargs={"version": _version},
+            additional_wrappers=(_ACTION_MASKS,),
+        )

@@ -1,0 +1,232 @@
+"""The one run loop: schedule, execute, book-keep, once per iteration, for every driver.
+
+:class:`ServingLoop` drives a :class:`~envs.serving.core.ServingCore` with an
+:class:`Executor`; per iteration of :meth:`ServingLoop.run_until` (nano-vllm's
+``LLMEngine.step``: schedule, run, postprocess)::
+
+    core.advance_to_work(executor.wait_until)   # admit arrivals; idle: wait for the next one
+    plan = policy.plan(view)                    # the core, read through ServingView
+    batch = core.begin(plan)                    # validate, allocate KV
+    t_end, latency = executor.execute(batch, start)
+    core.end(batch, t_end)                      # tokens, finishes, SLO bookkeeping
+    log.append(...)                             # one row of ITERATION_COLUMNS
+
+Two executors exist: the simulator's cost-model clock (:class:`~envs.serving.simulator.CostModelClock`,
+which also fast-forwards decode-only stretches without asking the policy) and the real
+engine (:class:`~engine.serve.Engine`: forward passes on a wall clock).  The simulator, the
+engine, the env's decision steps and the hindsight oracle all run through
+:meth:`ServingLoop.run_until`, so stopping rules (a clock horizon, a predicate checked
+between iterations) mean the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from envs.serving.core import Batch, ServingCore
+from envs.serving.metrics import RequestOutcomes, request_summary
+from envs.serving.scheduling import Plan, Policy, ServingView
+
+ITERATION_COLUMNS = {
+    "start": np.float64,  # iteration start time (s)
+    "latency": np.float64,  # its duration (s)
+    "decode_tokens": np.int64,
+    "prefill_tokens": np.int64,
+    "prefill_seqs": np.int64,  # prefill chunks in the batch
+    "kv_used": np.int64,  # KV blocks in use after the iteration's allocation
+}
+
+
+class IterationLog:
+    """Per-iteration records, one Python list per column (cheap appends), numpy on demand."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {name: [] for name in ITERATION_COLUMNS}
+        self._append = [col.append for col in self.cols.values()]
+
+    def append(self, *row: float) -> None:
+        for add, value in zip(self._append, row, strict=True):
+            add(value)
+
+    def extend(self, **columns: list) -> None:
+        for name, values in columns.items():
+            self.cols[name].extend(values)
+
+    def __getitem__(self, name: str) -> list:
+        return self.cols[name]
+
+    def __len__(self) -> int:
+        return len(self.cols["start"])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.array(self.cols[name], dtype=dt) for name, dt in ITERATION_COLUMNS.items()}
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced: per-request outcomes, per-iteration records, system metrics."""
+
+    outcomes: RequestOutcomes
+    iterations: dict[str, np.ndarray]
+    metrics: dict[str, float]
+    token_times: dict[int, np.ndarray]
+
+
+class Executor(Protocol):
+    """What runs the batches the core schedules, and what time is."""
+
+    def wait_until(self, t: float) -> float:
+        """The engine is idle until trace time ``t``: wait for it; the time it is then (>= ``t``)."""
+        ...
+
+    def execute(self, batch: Batch, start: float) -> tuple[float, float]:
+        """Run ``batch``, started at ``start``; its end time and latency (s)."""
+        ...
+
+    def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
+        """Run forced decode-only iterations without the policy if this executor can do so
+        faster and identically; False if none ran."""
+        ...
+
+
+class StepDecodes(Policy):
+    """Steps the running decodes and nothing else: the only plan while no prompt waits."""
+
+    name = "step_decodes"
+
+    def plan(self, view: ServingView) -> Plan:
+        return Plan(decode=True)
+
+
+class ServingLoop:
+    """A core, an executor and the iteration log: runs policies over them and reports results.
+
+    Args:
+        core: the serving state (fresh for a run).
+        executor: the cost-model clock or the engine.
+        span_s: the trace's span, the denominator of rates in :meth:`result`.
+    """
+
+    def __init__(self, core: ServingCore, executor: Executor, span_s: float) -> None:
+        self.core = core
+        self.executor = executor
+        self.span_s = span_s
+        self.log = IterationLog()
+
+    @property
+    def view(self) -> ServingView:
+        """The core, as policies, features and masks may read it."""
+        return self.core
+
+    def advance_to_work(self) -> bool:
+        """Admit arrivals, waiting (executor's clock) while idle; False once the trace is done."""
+        return self.core.advance_to_work(self.executor.wait_until)
+
+    def step(self, plan: Plan) -> float:
+        """Run one iteration of ``plan``; returns its latency in seconds."""
+        core = self.core
+        start = core.now
+        batch = core.begin(plan)
+        used = core.kv.used
+        end, latency = self.executor.execute(batch, start)
+        core.end(batch, end)
+        chunks = batch.chunks
+        self.log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
+        return latency
+
+    def run_until(
+        self,
+        policy: Policy,
+        stop: Callable[[], bool] | None = None,
+        until_s: float = math.inf,
+        fast_forward: bool = True,
+    ) -> bool:
+        """Serve with ``policy``, asked once per iteration; False once the trace is done.
+
+        Returns True, before the next iteration, as soon as the clock has reached
+        ``until_s`` (checked first, before arrivals are admitted) or ``stop()`` holds
+        (checked after admission, on the state the policy would see next).
+        ``fast_forward=False`` steps decode-only stretches one by one too (for tests:
+        the results are identical, bit for bit).
+        """
+        core = view = self.core
+        log, step, plan = self.log, self.step, policy.plan
+        advance, wait = core.advance_to_work, self.executor.wait_until
+        skip = self.executor.fast_forward if fast_forward else None
+        while core.now < until_s:
+            if not advance(wait):
+                return False
+            if stop is not None and stop():
+                return True
+            if skip is not None and skip(core, log):
+                continue
+            step(plan(view))
+        return True
+
+    def run(
+        self, policy: Policy, fast_forward: bool = True, stop: Callable[[], bool] | None = None
+    ) -> SimResult:
+        """Serve the trace with ``policy`` (reset first) and summarise the run: to the end, or
+        until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
+        wall = time.perf_counter()
+        policy.reset(self.view)
+        self.run_until(policy, stop=stop, fast_forward=fast_forward)
+        return self.result(time.perf_counter() - wall)
+
+    def result(self, wall_s: float = math.nan) -> SimResult:
+        """The run so far: per-request outcomes, per-iteration records, system metrics."""
+        core = self.core
+        reqs = core.requests
+        times = core.token_times
+        outcomes = RequestOutcomes.from_token_times(
+            arrival=[r.arrival for r in reqs],
+            prompt_len=[r.prompt_len for r in reqs],
+            output_len=[r.output_len for r in reqs],
+            token_times=[times.get(r.rid) for r in reqs],
+            first_scheduled=[r.first_scheduled for r in reqs],
+            ttft_bound=[r.ttft_bound for r in reqs],
+            slo=core.slo,
+            reject_reason=[r.reject_reason for r in reqs],
+            prefix_hit=[r.prefix_hit for r in reqs],
+            preemptions=[r.preemptions for r in reqs],
+        )
+        it = self.log.arrays()
+        metrics = request_summary(outcomes, self.span_s)
+        metrics.update(iteration_summary(it, core.kv.total, outcomes))
+        metrics["sim_wall_s"] = wall_s
+        return SimResult(outcomes, it, metrics, times)
+
+
+def iteration_summary(it: dict[str, np.ndarray], kv_total: int, out: RequestOutcomes) -> dict[str, float]:
+    """System metrics from the per-iteration records."""
+    n = len(it["latency"])
+    if not n:
+        return {
+            k: math.nan
+            for k in (
+                "iterations",
+                "throughput_tok_s",
+                "busy_fraction",
+                "prefill_token_share",
+                "kv_util_mean",
+            )
+        }
+    busy = float(it["latency"].sum())
+    first = float(out.arrival.min()) if len(out.arrival) else 0.0
+    end = float(it["start"][-1] + it["latency"][-1])
+    span = max(end - first, 1e-12)
+    tokens = it["decode_tokens"] + it["prefill_tokens"]
+    generated = int(out.output_len[out.finished].sum())
+    return {
+        "iterations": n,
+        "throughput_tok_s": generated / span,
+        "busy_fraction": busy / span,
+        "prefill_token_share": float(np.mean(it["prefill_tokens"] / np.maximum(tokens, 1))),
+        "kv_util_mean": float(np.mean(it["kv_used"]) / kv_total),
+    }
