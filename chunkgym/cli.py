@@ -41,8 +41,8 @@ CONFIG_FILE_KEY = "config"
 _QUIET = (
     "hydra.run.dir=.",
     "hydra.output_subdir=null",
-    "hydra/job_logging=disabled",
-    "hydra/hydra_logging=disabled",
+    "hydra/job_logging=none",
+    "hydra/hydra_logging=none",
 )
 
 
