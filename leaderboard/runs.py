@@ -28,7 +28,7 @@ from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.simulator import SimResult
 from envs.serving.specs import from_mapping, load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
-from policies.registry import POLICY_DIR, make_policy, policy_env_id
+from policies.registry import check_policy_name, make_policy, policy_env_id, preset_path
 
 BACKEND = "sim"
 TEST_SPLIT = "test"
@@ -133,10 +133,10 @@ class RunSpec:
     def config_hash(self) -> str:
         """Hash of everything the row's numbers depend on except the code and the trace files' contents."""
         built = self.setup.build()
-        policy_conf = POLICY_DIR / f"{self.policy}.yaml"
+        policy_conf = preset_path(self.policy)
         return config_hash(
             {
-                "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf.is_file() else self.policy,
+                "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf else self.policy,
                 "workload": dataclasses.asdict(cached_workload(self.workload).spec),
                 "load_scale": self.load_scale,
                 "seed": self.seed,
@@ -182,8 +182,12 @@ class RunSpec:
         data_split = TEST_SPLIT if split == "all" else split
         if data_split not in REPORT_SPLITS:
             raise ValueError(f"column split: {split!r} is not one of {', '.join(REPORT_SPLITS)}, all")
+        try:
+            policy = check_policy_name(get("policy"))
+        except ValueError as exc:
+            raise ValueError(f"column policy: {exc}") from None
         return cls(
-            get("policy"),
+            policy,
             get("workload"),
             get("load_scale", float),
             get("seed", int),
