@@ -25,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from stable_baselines3.common.callbacks import CallbackList
 
+from chunkgym.io import atomic_write_text
 from chunkgym.provenance import config_hash, git_commit
 from envs.serving.workload import Workload
 from policies import imitation, training
@@ -151,7 +152,7 @@ def main(dcfg: DictConfig) -> None:
         "config_hash": chash,
         "git_commit": commit,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     close_logger(logger, summary)
     log.info(
         "val goodput (%d windows, load %.2f): trained policy %.3f rps, %s %.3f rps",

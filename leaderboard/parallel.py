@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +45,32 @@ def parallel_map(
     return results
 
 
+_watched = False
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent() -> None:
+    """In a worker: exit as soon as the process that started it is gone (killed, even by SIGKILL).
+
+    Loky's workers otherwise finish their queued jobs as orphans; the parent's own exits
+    (Ctrl-C, SIGTERM) shut the pool down through joblib already.
+    """
+    global _watched
+    if _watched:
+        return
+    _watched = True
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _indexed(fn: Callable[[Any], Any], i: int, job: Any) -> tuple[int, Any]:
+    _exit_with_parent()
     try:
         return i, fn(job)
     except Exception as exc:

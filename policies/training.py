@@ -264,11 +264,9 @@ class Evaluator:
             self._continue(resumed_from)
 
     def _continue(self, resumed_from: int) -> None:
-        rows = (
-            [json.loads(line) for line in self.history.read_text().splitlines() if line.strip()]
-            if (self.history.is_file())
-            else []
-        )
+        text = self.history.read_text() if self.history.is_file() else ""
+        complete = text[: text.rfind("\n") + 1]  # a run killed mid-append leaves a partial last line
+        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
         best_dir = self.run_dir / BEST_DIR
         best_step = read_checkpoint(best_dir, self.algo).num_timesteps if is_checkpoint(best_dir) else None
         kept = [r for r in rows if r["timesteps"] <= resumed_from]
@@ -278,7 +276,7 @@ class Evaluator:
         else:  # the best policy is newer than the checkpoint (or gone): the next evaluation starts over
             shutil.rmtree(best_dir, ignore_errors=True)
             kept = [r for r in kept if r["timesteps"] < resumed_from]  # re-evaluated, identically
-        if len(kept) < len(rows):
+        if len(kept) < len(rows) or len(complete) < len(text):
             log.warning(
                 "resuming from step %d: dropped %d evaluation row(s) newer than the checkpoint%s",
                 resumed_from,

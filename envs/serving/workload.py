@@ -24,7 +24,7 @@ import yaml
 import chunkgym
 from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
-from envs.serving.workloads.files import read_rows, sniff_format
+from envs.serving.workloads.files import link_problem, read_rows, sniff_format
 from envs.serving.workloads.lengths import LengthSource
 from envs.serving.workloads.renewal import Renewal, check_seed
 from envs.serving.workloads.servegen import ServeGenSource, load_day
@@ -115,6 +115,8 @@ def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
     for candidate in tried:
         if candidate.exists():
             return candidate.resolve()
+        if link_problem(candidate):
+            raise TraceError(candidate, link_problem(candidate))
     raise TraceError(path, f"trace file not found (tried {', '.join(map(str, tried))})")
 
 
