@@ -36,7 +36,7 @@ def parallel_map(
     """
     n_jobs = n_jobs or default_jobs()
     results: list[Any] = [None] * len(jobs)
-    tasks = (delayed(_indexed)(fn, i, job) for i, job in enumerate(jobs))
+    tasks = (delayed(_indexed)(fn, i, job, os.getpid()) for i, job in enumerate(jobs))
     runner = Parallel(n_jobs=min(n_jobs, max(len(jobs), 1)), return_as="generator_unordered")
     with tqdm(total=len(jobs), desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
         for i, result in runner(tasks):
@@ -49,17 +49,16 @@ _watched = False
 PARENT_POLL_S = 0.5
 
 
-def _exit_with_parent() -> None:
-    """In a worker: exit as soon as the process that started it is gone (killed, even by SIGKILL).
+def _exit_with_parent(parent: int) -> None:
+    """In a worker: exit as soon as ``parent`` (the process that mapped the jobs) is gone, even by SIGKILL.
 
     Loky's workers otherwise finish their queued jobs as orphans; the parent's own exits
     (Ctrl-C, SIGTERM) shut the pool down through joblib already.
     """
     global _watched
-    if _watched:
+    if _watched or parent == os.getpid():  # n_jobs=1 runs jobs in the parent itself
         return
     _watched = True
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -69,8 +68,8 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _indexed(fn: Callable[[Any], Any], i: int, job: Any) -> tuple[int, Any]:
-    _exit_with_parent()
+def _indexed(fn: Callable[[Any], Any], i: int, job: Any, parent: int) -> tuple[int, Any]:
+    _exit_with_parent(parent)
     try:
         return i, fn(job)
     except Exception as exc:

@@ -169,6 +169,10 @@ class RunSpec:
 
         if get("backend") != BACKEND:
             raise ValueError(f"column backend: {row['backend']!r} rows cannot be rerun by the simulator")
+        try:
+            policy = check_policy_name(get("policy"))
+        except ValueError as exc:
+            raise ValueError(f"column policy: {exc}") from None
         slo = from_mapping(SLOSpec, get("slo_spec", dict), source="column slo_spec")
         names = get("model"), get("hardware"), get("tp", int), slo, get("cost_model")
         serving = get("serving", dict)
@@ -182,10 +186,6 @@ class RunSpec:
         data_split = TEST_SPLIT if split == "all" else split
         if data_split not in REPORT_SPLITS:
             raise ValueError(f"column split: {split!r} is not one of {', '.join(REPORT_SPLITS)}, all")
-        try:
-            policy = check_policy_name(get("policy"))
-        except ValueError as exc:
-            raise ValueError(f"column policy: {exc}") from None
         return cls(
             policy,
             get("workload"),

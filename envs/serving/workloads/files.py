@@ -1,7 +1,7 @@
 """Readers for request files: Azure 2023 CSV, Mooncake JSONL, length-only CSV.
 
 Each reader validates every row (a bad value raises :class:`TraceError` naming file, 1-based line
-and field: lengths must fit exactly in a float64, hash ids in an int64) and the time axis (a
+and field: lengths at most 2**31 - 1, hash ids within int64) and the time axis (a
 trace with no time span, or whose span one outlier timestamp makes, is refused with the
 numbers, since every rate computed on it would be meaningless), and returns :class:`Rows`, cached per resolved path, size and modification time, so a
 file is parsed once per process however many workloads use it. Nothing is dropped: every data row
@@ -31,8 +31,8 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
-MAX_LENGTH = 2**53
-"""Largest token count accepted: every integer up to it is exact in float64 (and in int64)."""
+MAX_LENGTH = 2**31 - 1
+"""Largest token count accepted (far past any context window; exact when parsed as a float)."""
 MAX_MOONCAKE_MS = 2**53
 INT64 = (-(2**63), 2**63 - 1)
 GZIP_MAGIC = b"\x1f\x8b"
@@ -70,10 +70,15 @@ def sniff_format(path: Path) -> str:
     CSV header (each also gzip-compressed)."""
     head = _open_bytes(path, 4096)
     if head[:2] == GZIP_MAGIC:
+        raw, stream = head, zlib.decompressobj(wbits=31)
         try:
-            head = zlib.decompressobj(wbits=31).decompress(head, 4096)
+            head = stream.decompress(raw, 4096)
         except zlib.error as exc:
             raise TraceError(path, f"corrupt gzip data ({exc})") from None
+        if len(raw) < 4096 and len(head) < 4096 and not stream.eof:  # the whole file read, stream unfinished
+            raise TraceError(
+                path, "cannot read trace file: Compressed file ended before the end of the stream"
+            )
         if head[257:262] == b"ustar":
             return "servegen"
     _check_encoding(path, head)
