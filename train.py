@@ -51,7 +51,7 @@ def main(dcfg: DictConfig) -> None:
     workload = Workload(cfg.workload, cfg.data_root)
     setup = training.serving_setup(cfg)
     spec = training.env_spec(cfg, setup)
-    (run_dir / "env_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
+    atomic_write_text(run_dir / "env_spec.json", json.dumps(spec, indent=2) + "\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{cfg.workload.name}__{cfg.algo.name.value}__{cfg.seed}__{stamp}"
     logger = make_logger(

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from chunkgym import REPO_ROOT, resolve_path
+from chunkgym.io import atomic_path
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
 from engine.profile import Composition
@@ -270,10 +271,15 @@ def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Re
 
 def write(out: Replay, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    write_csv([r.row for r in out.rows], directory / "results.csv")
-    write_json([r.row for r in out.rows], directory / "results.json")
-    write_csv([b for r in out.rows for b in r.buckets], directory / "buckets.csv")
-    out.iterations.to_csv(directory / "iterations.csv", index=False)
+    for name, write_rows, rows in (  # atomic: a killed replay never leaves a truncated results file
+        ("results.csv", write_csv, [r.row for r in out.rows]),
+        ("results.json", write_json, [r.row for r in out.rows]),
+        ("buckets.csv", write_csv, [b for r in out.rows for b in r.buckets]),
+    ):
+        with atomic_path(directory / name) as tmp:
+            write_rows(rows, tmp)
+    with atomic_path(directory / "iterations.csv") as tmp:
+        out.iterations.to_csv(tmp, index=False)
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkgym import resolve_path
+from chunkgym.io import atomic_write_text
 from engine.calibrate import calibrate
 from engine.replay import ReplayConfig, check, load_config, replay
 from engine.replay import write as write_replay
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None, default_config: str | None = None, d
     out = resolve_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = run(conf, out, args.repeats, args.warmup, log=lambda s: print(s, flush=True))
-    (out / "summary.json").write_text(json.dumps(_rounded(summary), indent=1) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(_rounded(summary), indent=1) + "\n")
     print(json.dumps(_rounded(summary)))
     return summary
 

@@ -410,7 +410,7 @@ def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list
         changed = config_differences(identity(yaml.safe_load(saved.read_text())), identity(config))
         if changed:
             raise SystemExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
-    saved.write_text(yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(saved, yaml.safe_dump(config, sort_keys=False))
     return found
 
 
