@@ -26,7 +26,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     On an error the temporary file is removed and ``path`` keeps its previous content (if any).
     """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")  # writers that go by suffix
     try:
         yield tmp
         with tmp.open("rb+") as f:  # flushed to disk before the rename makes it visible
