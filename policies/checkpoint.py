@@ -258,7 +258,7 @@ def restore(model: OnPolicyAlgorithm, ckpt: Checkpoint) -> None:
     path = ckpt.directory / MANIFEST_FILE
     groups = ckpt.manifest["optimizer_param_groups"]
     if len(groups) != len(current["param_groups"]) or any(
-        not isinstance(g, dict) or g.get("params") != c["params"] or set(g) != set(c)
+        not isinstance(g, dict) or set(g) != set(c) or not all(_fits(g[k], c[k]) for k in c)
         for g, c in zip(groups, current["param_groups"], strict=False)
     ):
         raise CheckpointError(path, "field 'optimizer_param_groups' does not fit this model's optimizer")
@@ -302,6 +302,19 @@ def restore(model: OnPolicyAlgorithm, ckpt: Checkpoint) -> None:
     model._n_updates = int(ckpt.manifest["n_updates"])
     model.ep_info_buffer = deque(ckpt.manifest["ep_info_buffer"], maxlen=model._stats_window_size)
     model.ep_success_buffer = deque(ckpt.manifest["ep_success_buffer"], maxlen=model._stats_window_size)
+
+
+def _fits(value: Any, current: Any) -> bool:
+    """A saved optimizer hyperparameter has the form of the fresh optimizer's (the same ``params``)."""
+    if isinstance(current, bool) or current is None or isinstance(current, list):
+        return value == current if isinstance(current, list) else type(value) is type(current)
+    if isinstance(current, int | float):
+        return _finite_number(value)
+    if isinstance(current, tuple):
+        return (
+            isinstance(value, list) and len(value) == len(current) and all(_finite_number(v) for v in value)
+        )
+    return value == current
 
 
 def _check_tensors(path: Path, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

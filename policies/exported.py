@@ -157,7 +157,7 @@ def sha256_of(path: Path) -> str:
 
 def env_class(env_id: Any) -> type[ChunkedPrefillEnv]:
     """The class registered as ``env_id``: a chunkgym env, carrying its features and action spec."""
-    if not isinstance(env_id, str) or env_id not in gymnasium.registry:
+    if not isinstance(env_id, str) or not env_id.startswith("chunkgym/") or env_id not in gymnasium.registry:
         known = sorted(k for k in gymnasium.registry if k.startswith("chunkgym/"))
         raise ValueError(f"env {env_id!r} is not registered; chunkgym envs: {known}")
     cls = load_env_creator(gymnasium.registry[env_id].entry_point)
@@ -214,7 +214,8 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
         not isinstance(sizes, list)
         or not 2 <= len(sizes) <= MAX_LAYERS + 1
         or not all(_json_int(s) and 1 <= s <= MAX_WIDTH for s in sizes)
-        or net.get("activation") not in ACTIVATIONS
+        or not isinstance(net.get("activation"), str)
+        or net["activation"] not in ACTIVATIONS
         or not isinstance(net.get("masked"), bool)
     ):
         raise ExportError(
@@ -281,7 +282,9 @@ def load_policy(directory: str | Path) -> ExportedPolicy:
         if not torch.isfinite(got).all():
             raise ExportError(path, f"tensor {name!r} holds NaN or infinite values")
     net.load_state_dict(tensors)
-    norm = spec.get("normalisation", {})
+    norm = spec.get("normalisation")
+    if not isinstance(norm, dict):
+        raise ExportError(path.with_name(SPEC_FILE), f"field 'normalisation' must be an object, got {norm!r}")
     for key in ("obs_mean", "obs_var", "obs_epsilon", "obs_clip"):
         if key not in norm or not np.array_equal(np.asarray(norm[key]), tensors[key].numpy()):
             raise ExportError(path, f"normalisation {key!r} differs between {SPEC_FILE} and {WEIGHTS_FILE}")
