@@ -20,6 +20,7 @@ import dataclasses
 import glob
 import logging
 import math
+import signal
 import sys
 import time
 import typing
@@ -35,6 +36,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from chunkgym import REPO_ROOT
 from chunkgym.cli import precheck
 from chunkgym.config import ConfigError, Rule, prefixed, schema, to_object
+from chunkgym.io import FolderLockedError, atomic_path, atomic_write_text, folder_lock
 from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
@@ -227,13 +229,16 @@ def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
     n_jobs = conf.n_jobs or default_jobs()
     log.info("%d rows on %d processes -> %s", len(grid.specs), n_jobs, out)
     done: list[RowResult] = parallel_map(run_row, grid.specs, n_jobs, "evaluate", conf.progress)
-    results = write_csv([d.row for d in done], out / "results.csv")
-    write_json([d.row for d in done], out / "results.json")
-    write_csv([b for d in done for b in d.buckets], out / "buckets.csv")
+    with atomic_path(out / "results.csv") as tmp:
+        results = write_csv([d.row for d in done], tmp)
+    with atomic_path(out / "results.json") as tmp:
+        write_json([d.row for d in done], tmp)
+    with atomic_path(out / "buckets.csv") as tmp:
+        write_csv([b for d in done for b in d.buckets], tmp)
     capacity = measure_capacities(conf, grid.specs, out / "capacity.csv") if conf.capacity else None
     ranked = ranking(results)
     board = markdown(results, ranked, capacity)
-    (out / "leaderboard.md").write_text(board)
+    atomic_write_text(out / "leaderboard.md", board)
     images = draw(grid, results, done, ranked, out) if conf.plots else []
     print(board, flush=True)
     tables = {"leaderboard": ranked, **({"capacity": capacity} if capacity is not None else {})}
@@ -259,7 +264,8 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
         row.update(hardware=setup.hardware, model=setup.model, tp=setup.tp, slo=setup.slo.name)
         row.update(cost_model=setup.cost_model, split=s.split, window_s=s.effective_window_s())
         rows.append(row)
-    return write_csv(rows, path)
+    with atomic_path(path) as tmp:
+        return write_csv(rows, tmp)
 
 
 def draw(
@@ -307,13 +313,19 @@ def render(pattern: str, out: Path) -> str:
     results.loc[other, "policy"] = results["policy"][other] + " [" + results["backend"][other] + "]"
     board = markdown(results, ranking(results))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "leaderboard.md").write_text(board)
+    atomic_write_text(out / "leaderboard.md", board)
     return board
 
 
 # ---- entry point ---------------------------------------------------------------------------
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: the worker pool is shut down, the lock released, temp files removed."""
+    raise SystemExit(f"evaluate.py: stopped by signal {signum}")
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         conf = to_object(cfg, EvaluateConfig, "", RULES)
     except ConfigError as exc:
@@ -337,17 +349,23 @@ def main(cfg: DictConfig) -> None:
             )
         print(f"{conf.validate}: all {rows} rows reproduce")
         return
+    out = Path(HydraConfig.get().runtime.output_dir)
     if conf.results:
         try:
-            print(render(conf.results, Path(HydraConfig.get().runtime.output_dir)), end="")
-        except (ValueError, KeyError, FileNotFoundError) as exc:
+            with folder_lock(out, "evaluate.py"):
+                print(render(conf.results, out), end="")
+        except (ValueError, KeyError, FileNotFoundError, FolderLockedError) as exc:
             raise SystemExit(f"evaluate.py: error: {conf.results}: {exc}") from exc
         return
     try:
         grid = grid_of(conf)
     except (ValueError, FileNotFoundError) as exc:  # a bad name, value or file: the message says which
         raise SystemExit(f"evaluate.py: error: {exc}") from exc
-    evaluate(conf, grid, Path(HydraConfig.get().runtime.output_dir))
+    try:  # one evaluate.py per output folder, taken once the arguments are known to be good
+        with folder_lock(out, "evaluate.py"):
+            evaluate(conf, grid, out)
+    except FolderLockedError as exc:
+        raise SystemExit(f"evaluate.py: error: {exc}") from None
 
 
 if __name__ == "__main__":

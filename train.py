@@ -29,6 +29,7 @@ from stable_baselines3.common.callbacks import CallbackList
 from chunkgym import REPO_ROOT
 from chunkgym.cli import precheck
 from chunkgym.config import ConfigError
+from chunkgym.io import atomic_write_text
 from chunkgym.provenance import config_hash, git_commit
 from chunkgym.tracking import TrainingTracker
 from envs.serving.workload import Workload
@@ -58,7 +59,7 @@ def main(dcfg: DictConfig) -> None:
     workload = Workload(cfg.workload, cfg.data_root)
     setup = training.serving_setup(cfg)
     spec = training.env_spec(cfg, setup)
-    (run_dir / "env_spec.json").write_text(json.dumps(spec, indent=2) + "\n")
+    atomic_write_text(run_dir / "env_spec.json", json.dumps(spec, indent=2) + "\n")
     exp = cfg.logger.name or f"{cfg.workload.name}_{cfg.algo.name.value}"
     name = f"{cfg.env.id}__{exp}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
     sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
@@ -71,9 +72,8 @@ def main(dcfg: DictConfig) -> None:
     )
 
     # ---- envs --------------------------------------------------------------------------------
-    stats = previous[-1] / training.VECNORM_FILE if previous else None
     first_step = training.checkpoint_steps(previous[-1]) if previous else 0
-    venv = training.normalised(training.make_vec_env(cfg, workload, first_step), cfg, stats)
+    venv = training.normalised(training.make_vec_env(cfg, workload, first_step), cfg)
 
     # ---- model -------------------------------------------------------------------------------
     model = training.load_model(cfg, previous[-1], venv) if previous else training.new_model(cfg, venv)
@@ -92,32 +92,45 @@ def main(dcfg: DictConfig) -> None:
             100 * fit["agreement"],
         )
 
-    # ---- callbacks: val evaluation (best model kept), checkpoints, progress ------------------
+    # ---- callbacks: val evaluation (best model kept), checkpoints (progress: SB3's bar) -------
     windows = training.ValWindows(cfg, workload, setup)
-    evaluate = training.Evaluator(windows, run_dir, cfg.env.id, training.is_masked(cfg), cfg.eval.select_by)
-    keep = cfg.checkpoint.keep
+    algo, keep = cfg.algo.name.value, cfg.checkpoint.keep
+    evaluate = training.Evaluator(
+        windows,
+        run_dir,
+        cfg.env.id,
+        algo,
+        training.is_masked(cfg),
+        cfg.eval.select_by,
+        first_step if previous else None,
+    )
     callbacks = CallbackList(
         [
-            training.ProgressBar(cfg.algo.total_timesteps, cfg.progress),
             training.ServingStats(),
             training.Every(cfg.eval.every_steps, evaluate),
-            training.Every(cfg.checkpoint.every_steps, lambda m: training.save_checkpoint(m, run_dir, keep)),
+            training.CheckpointEvery(cfg.checkpoint.every_steps, run_dir, keep, algo),
         ]
     )
 
-    if cfg.algo.bc_steps and not previous:
-        evaluate(model)  # the warm-started policy competes for "best" too
+    if (cfg.algo.bc_steps and not previous) or (previous and evaluate.best is None):
+        evaluate(model)  # the warm-started (or resumed) policy competes for "best" too
 
     # ---- learn (algo.total_timesteps is the run's total, also when resuming) ------------------
     learn_started = time.perf_counter()
     remaining = cfg.algo.total_timesteps - model.num_timesteps
     if remaining > 0:
-        model.learn(remaining, callback=callbacks, reset_num_timesteps=False, log_interval=1)
+        model.learn(
+            remaining,
+            callback=callbacks,
+            reset_num_timesteps=False,
+            log_interval=1,
+            progress_bar=cfg.progress,
+        )
     learn_s = time.perf_counter() - learn_started
     if evaluate.last_timesteps != model.num_timesteps:
         evaluate(model)
     if not previous or model.num_timesteps > start_steps:
-        training.save_checkpoint(model, run_dir, keep)
+        training.save_checkpoint(model, run_dir, keep, algo)
 
     # ---- export the best policy ---------------------------------------------------------------
     best = evaluate.best
@@ -130,7 +143,7 @@ def main(dcfg: DictConfig) -> None:
         "git_commit": commit,
     }
     export_dir = run_dir / "export"
-    write_export(training.best_policy_net(cfg, run_dir), cfg.env.id, export_dir, provenance)
+    write_export(training.best_policy_net(cfg, run_dir, model), cfg.env.id, export_dir, provenance)
     tracker.log_model(export_dir, provenance)
     venv.close()
 
@@ -153,7 +166,7 @@ def main(dcfg: DictConfig) -> None:
         "config_hash": chash,
         "git_commit": commit,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     tracker.close(summary)
     log.info(
         "val goodput (%d windows, load %.2f): trained policy %.3f rps, %s %.3f rps",

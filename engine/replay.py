@@ -35,6 +35,7 @@ import torch
 from calibration.iterations import Composition
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli, load_options
+from chunkgym.io import atomic_path
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
 from engine.runner import ModelRunner
@@ -256,10 +257,15 @@ def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Re
 
 def write(out: Replay, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    write_csv([r.row for r in out.rows], directory / "results.csv")
-    write_json([r.row for r in out.rows], directory / "results.json")
-    write_csv([b for r in out.rows for b in r.buckets], directory / "buckets.csv")
-    out.iterations.to_csv(directory / "iterations.csv", index=False)
+    for name, write_rows, rows in (  # atomic: a killed replay never leaves a truncated results file
+        ("results.csv", write_csv, [r.row for r in out.rows]),
+        ("results.json", write_json, [r.row for r in out.rows]),
+        ("buckets.csv", write_csv, [b for r in out.rows for b in r.buckets]),
+    ):
+        with atomic_path(directory / name) as tmp:
+            write_rows(rows, tmp)
+    with atomic_path(directory / "iterations.csv") as tmp:
+        out.iterations.to_csv(tmp, index=False)
 
 
 @hydra_cli(ReplayConfig, CONFIG_NAME, default_file=DEFAULT_CONFIG)

@@ -1,7 +1,7 @@
 """Sim-to-real: profile the engine on this machine, fit the cost model, replay one slice in both, compare.
 
-1. profile the replay's model on its device and threads over :func:`engine.calibrate.default_grid`;
-2. fit the cost model to it (:func:`engine.calibrate.fit`) and write the coefficient file into the
+1. profile the replay's model on its device and threads over :func:`calibration.iterations.default_grid`;
+2. fit the cost model to it (:func:`calibration.iterations.fit`) and write the coefficient file into the
    output folder (``conf/cost`` is left alone);
 3. per policy, replay the same slice (:mod:`engine.replay`) on the engine in real time and in the
    simulator with the fitted profile;
@@ -32,6 +32,7 @@ from calibration.from_engine import calibrate
 from chunkgym import resolve_path
 from chunkgym.cli import hydra_cli, load_options
 from chunkgym.config import AT_LEAST_ONE, Rule
+from chunkgym.io import atomic_write_text
 from engine.replay import DEFAULT_CONFIG, ReplayConfig, check, replay
 from engine.replay import write as write_replay
 from envs.serving.loop import SimResult
@@ -157,7 +158,7 @@ def main(opts: SimToRealConfig) -> dict:
     out = resolve_path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = run(opts.replay_config(), out, opts.repeats, opts.warmup, log=lambda s: print(s, flush=True))
-    (out / "summary.json").write_text(json.dumps(_rounded(summary), indent=1) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(_rounded(summary), indent=1) + "\n")
     print(json.dumps(_rounded(summary)))
     return summary
 

@@ -358,7 +358,7 @@ class ActionMasks(gym.Wrapper, RecordConstructorArgs):
 
 def version_of(env_id: Any) -> EnvVersion:
     """The version data (features, actions, ...) of the chunkgym env registered as ``env_id``."""
-    if not isinstance(env_id, str) or env_id not in gym.registry:
+    if not isinstance(env_id, str) or not env_id.startswith("chunkgym/") or env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("chunkgym/"))
         raise ValueError(f"env {env_id!r} is not registered; chunkgym envs: {known}")
     spec = gym.registry[env_id]

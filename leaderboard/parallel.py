@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +36,7 @@ def parallel_map(
     """
     n_jobs = n_jobs or default_jobs()
     results: list[Any] = [None] * len(jobs)
-    tasks = (delayed(_indexed)(fn, i, job) for i, job in enumerate(jobs))
+    tasks = (delayed(_indexed)(fn, i, job, os.getpid()) for i, job in enumerate(jobs))
     runner = Parallel(n_jobs=min(n_jobs, max(len(jobs), 1)), return_as="generator_unordered")
     with tqdm(total=len(jobs), desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
         for i, result in runner(tasks):
@@ -43,7 +45,31 @@ def parallel_map(
     return results
 
 
-def _indexed(fn: Callable[[Any], Any], i: int, job: Any) -> tuple[int, Any]:
+_watched = False
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In a worker: exit as soon as ``parent`` (the process that mapped the jobs) is gone, even by SIGKILL.
+
+    Loky's workers otherwise finish their queued jobs as orphans; the parent's own exits
+    (Ctrl-C, SIGTERM) shut the pool down through joblib already.
+    """
+    global _watched
+    if _watched or parent == os.getpid():  # n_jobs=1 runs jobs in the parent itself
+        return
+    _watched = True
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _indexed(fn: Callable[[Any], Any], i: int, job: Any, parent: int) -> tuple[int, Any]:
+    _exit_with_parent(parent)
     try:
         return i, fn(job)
     except Exception as exc:

@@ -29,7 +29,7 @@ from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
-from policies.registry import POLICY_DIR, make_policy, policy_env_id
+from policies.registry import check_policy_name, make_policy, policy_env_id, preset_path
 
 BACKEND = "sim"
 TEST_SPLIT = "test"
@@ -134,10 +134,10 @@ class RunSpec:
     def config_hash(self) -> str:
         """Hash of everything the row's numbers depend on except the code and the trace files' contents."""
         built = self.setup.build()
-        policy_conf = POLICY_DIR / f"{self.policy}.yaml"
+        policy_conf = preset_path(self.policy)
         return config_hash(
             {
-                "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf.is_file() else self.policy,
+                "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf else self.policy,
                 "workload": dataclasses.asdict(cached_workload(self.workload).spec),
                 "load_scale": self.load_scale,
                 "seed": self.seed,
@@ -170,6 +170,10 @@ class RunSpec:
 
         if get("backend") != BACKEND:
             raise ValueError(f"column backend: {row['backend']!r} rows cannot be rerun by the simulator")
+        try:
+            policy = check_policy_name(get("policy"))
+        except ValueError as exc:
+            raise ValueError(f"column policy: {exc}") from None
         slo = from_mapping(SLOSpec, get("slo_spec", dict), source="column slo_spec")
         names = get("model"), get("hardware"), get("tp", int), slo, get("cost_model")
         serving = get("serving", dict)
@@ -184,7 +188,7 @@ class RunSpec:
         if data_split not in REPORT_SPLITS:
             raise ValueError(f"column split: {split!r} is not one of {', '.join(REPORT_SPLITS)}, all")
         return cls(
-            get("policy"),
+            policy,
             get("workload"),
             get("load_scale", float),
             get("seed", int),

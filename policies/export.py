@@ -1,7 +1,8 @@
 """Turn a trained SB3 policy and its VecNormalize statistics into an export directory.
 
 Writes ``policy.safetensors``, ``policy.pt2`` and, last, ``policy.json`` (which holds
-the other files' SHA-256), as :mod:`policies.exported` documents and reads.  The
+the other files' SHA-256), as :mod:`policies.exported` documents and reads; each file is
+written atomically (a killed export never leaves a half-written file under its name).  The
 network is copied layer by layer into :class:`~policies.exported.PolicyNet`; only
 MLP policies (SB3's ``MlpPolicy`` on a flat Box observation) are supported.
 """
@@ -15,10 +16,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
 
+from chunkgym.io import atomic_path, atomic_write_text
+from policies.checkpoint import NormStats
 from policies.exported import (
     ACTIVATIONS,
     FORMAT,
@@ -29,32 +31,35 @@ from policies.exported import (
     ExportedPolicy,
     PolicyNet,
     env_contract,
+    export_program,
     sha256_of,
 )
 
 
-def policy_net(model: OnPolicyAlgorithm, vecnorm: VecNormalize, masked: bool) -> PolicyNet:
-    """A :class:`PolicyNet` computing ``model``'s deterministic actions on raw observations."""
-    policy = model.policy
+def policy_net(policy: ActorCriticPolicy, norm: NormStats, masked: bool) -> PolicyNet:
+    """A :class:`PolicyNet` computing ``policy``'s deterministic actions on raw observations.
+
+    ``norm``: the VecNormalize statistics the policy was trained behind (:class:`NormStats`).
+    """
     linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)]
     acts = {type(m) for m in policy.mlp_extractor.policy_net if not isinstance(m, nn.Linear)}
     names = [name for name, cls in ACTIVATIONS.items() if {cls} == acts]
-    if not vecnorm.norm_obs:
+    if not norm.settings["norm_obs"]:
         raise ValueError("the VecNormalize wrapper must normalise observations (norm_obs=True)")
     if not linears or not names or not isinstance(policy.action_net, nn.Linear):
         raise ValueError(f"only MLP policies with one of {sorted(ACTIVATIONS)} can be exported, got {policy}")
     sizes = [linears[0].in_features] + [m.out_features for m in linears]
-    net = PolicyNet(sizes, model.action_space.nvec.tolist(), names[0], masked)
+    net = PolicyNet(sizes, policy.action_space.nvec.tolist(), names[0], masked)
     src = [*linears, policy.action_net]
     dst = [m for m in net.body if isinstance(m, nn.Linear)] + [net.head]
     with torch.no_grad():
         for a, b in zip(src, dst, strict=True):
             b.weight.copy_(a.weight)
             b.bias.copy_(a.bias)
-        net.obs_mean.copy_(torch.as_tensor(vecnorm.obs_rms.mean))
-        net.obs_var.copy_(torch.as_tensor(vecnorm.obs_rms.var))
-        net.obs_epsilon.fill_(vecnorm.epsilon)
-        net.obs_clip.fill_(vecnorm.clip_obs)
+        net.obs_mean.copy_(torch.as_tensor(norm.obs_mean))
+        net.obs_var.copy_(torch.as_tensor(norm.obs_var))
+        net.obs_epsilon.fill_(norm.settings["epsilon"])
+        net.obs_clip.fill_(norm.settings["clip_obs"])
     return net.eval()
 
 
@@ -87,14 +92,6 @@ def in_memory_policy(net: PolicyNet, env_id: str) -> ExportedPolicy:
     return ExportedPolicy(net, policy_spec(net, env_id, {}))
 
 
-def export_program(net: PolicyNet) -> torch.export.ExportedProgram:
-    """``net`` as a ``torch.export`` program with a dynamic batch dimension."""
-    n_features = net.obs_mean.shape[0]
-    batch = torch.export.Dim("N", min=1, max=1 << 20)
-    example = (torch.zeros(2, n_features), torch.ones(2, sum(net.nvec), dtype=torch.bool))
-    return torch.export.export(net, example, dynamic_shapes={"obs": {0: batch}, "mask": {0: batch}})
-
-
 def write_export(
     net: PolicyNet, env_id: str, directory: str | Path, provenance: dict[str, Any]
 ) -> dict[str, Any]:
@@ -102,11 +99,11 @@ def write_export(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spec = policy_spec(net, env_id, provenance)
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, directory / WEIGHTS_FILE)
-    torch.export.save(export_program(net), directory / PROGRAM_FILE)
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp)
+    with atomic_path(directory / PROGRAM_FILE) as tmp:
+        torch.export.save(export_program(net), tmp)
     spec["files"] = {name: sha256_of(directory / name) for name in (WEIGHTS_FILE, PROGRAM_FILE)}
     spec["exported_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    tmp = directory / (SPEC_FILE + ".tmp")
-    tmp.write_text(json.dumps(spec, indent=2) + "\n")
-    tmp.replace(directory / SPEC_FILE)
+    atomic_write_text(directory / SPEC_FILE, json.dumps(spec, indent=2) + "\n")
     return spec

@@ -17,8 +17,10 @@ real engine run it unchanged.  Per decision it computes the features, normalises
 them, runs the MLP in numpy (on one row, torch's per-op dispatch would cost more than
 the arithmetic) and hands the masked-argmax action to the env's planner;
 ``bench/policy_latency.py`` measures each stage.
-:func:`load_program` runs ``policy.pt2`` (``torch.export.load`` unpickles, so the
-file's hash is verified first).
+:func:`load_program` gives the ``torch.export`` program of ``policy.pt2`` rebuilt from the
+verified safetensors weights: ``torch.export.load`` unpickles part of the archive, and the
+hash in ``policy.json`` sits in the same folder, so it protects nothing against a crafted
+folder; ``policy.pt2`` is written for deployment tools and never read by this code.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ SPEC_FILE = "policy.json"
 WEIGHTS_FILE = "policy.safetensors"
 PROGRAM_FILE = "policy.pt2"
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+MAX_LAYERS = 16
+MAX_WIDTH = 4096
+"""Bounds on ``network.sizes`` checked before anything is allocated (the shipped nets: 3 layers, 26-256)."""
+MAX_SPEC_BYTES = 1 << 20
 
 
 class ExportError(ValueError):
@@ -167,6 +173,8 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / SPEC_FILE
     if not path.is_file():
         raise ExportError(path, "file not found (not an exported policy directory?)")
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise ExportError(path, f"{path.stat().st_size} bytes; a policy manifest is under {MAX_SPEC_BYTES}")
     try:
         spec = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -189,17 +197,19 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
         if spec[key] != expected:
             raise ExportError(path, f"field {key!r} is {spec[key]!r}, but {spec['env_id']} has {expected!r}")
     net = spec.get("network")
+    sizes = net.get("sizes") if isinstance(net, dict) else None
     if (
-        not isinstance(net, dict)
-        or not isinstance(net.get("sizes"), list)
-        or not all(isinstance(s, int) and s > 0 for s in net["sizes"])
-        or net.get("activation") not in ACTIVATIONS
+        not isinstance(sizes, list)
+        or not 2 <= len(sizes) <= MAX_LAYERS + 1
+        or not all(_json_int(s) and 1 <= s <= MAX_WIDTH for s in sizes)
+        or not isinstance(net.get("activation"), str)
+        or net["activation"] not in ACTIVATIONS
         or not isinstance(net.get("masked"), bool)
     ):
         raise ExportError(
             path,
-            f"field 'network' must hold sizes (positive ints), activation in {sorted(ACTIVATIONS)} "
-            f"and masked (bool), got {net!r}",
+            f"field 'network' must hold sizes (2 to {MAX_LAYERS + 1} integers in 1..{MAX_WIDTH}), "
+            f"activation in {sorted(ACTIVATIONS)} and masked (bool), got {str(net)[:200]}",
         )
     if net["sizes"][0] != len(spec["feature_names"]):
         raise ExportError(
@@ -219,13 +229,17 @@ def verify_file(directory: str | Path, spec: dict[str, Any], name: str) -> Path:
     if expected is None:
         raise ExportError(Path(directory) / SPEC_FILE, f"no SHA-256 recorded for {name}")
     actual = sha256_of(path)
-    if actual != expected:
+    if actual != expected:  # a recorded value of the wrong type never equals the hex digest
         raise ExportError(
             path,
-            f"SHA-256 {actual[:16]}... does not match policy.json ({expected[:16]}...): "
+            f"SHA-256 {actual[:16]}... does not match policy.json ({str(expected)[:16]!r}...): "
             "the file is corrupted or was changed after export",
         )
     return path
+
+
+def _json_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_net(spec: dict[str, Any]) -> PolicyNet:
@@ -256,19 +270,26 @@ def load_policy(directory: str | Path) -> ExportedPolicy:
         if not torch.isfinite(got).all():
             raise ExportError(path, f"tensor {name!r} holds NaN or infinite values")
     net.load_state_dict(tensors)
-    norm = spec.get("normalisation", {})
+    norm = spec.get("normalisation")
+    if not isinstance(norm, dict):
+        raise ExportError(path.with_name(SPEC_FILE), f"field 'normalisation' must be an object, got {norm!r}")
     for key in ("obs_mean", "obs_var", "obs_epsilon", "obs_clip"):
         if key not in norm or not np.array_equal(np.asarray(norm[key]), tensors[key].numpy()):
             raise ExportError(path, f"normalisation {key!r} differs between {SPEC_FILE} and {WEIGHTS_FILE}")
     return ExportedPolicy(net, spec)
 
 
-def load_program(directory: str | Path) -> torch.export.ExportedProgram:
-    """``policy.pt2`` as a ``torch.export`` program; call ``.module()(obs, mask)`` to run it.
+def export_program(net: PolicyNet) -> torch.export.ExportedProgram:
+    """``net`` as a ``torch.export`` program with a dynamic batch dimension."""
+    n_features = net.obs_mean.shape[0]
+    batch = torch.export.Dim("N", min=1, max=1 << 20)
+    example = (torch.zeros(2, n_features), torch.ones(2, sum(net.nvec), dtype=torch.bool))
+    return torch.export.export(net, example, dynamic_shapes={"obs": {0: batch}, "mask": {0: batch}})
 
-    ``torch.export.load`` unpickles, so the file must first match the SHA-256 in policy.json.
+
+def load_program(directory: str | Path) -> torch.export.ExportedProgram:
+    """The export's ``torch.export`` program, rebuilt from its safetensors weights (never unpickled).
+
+    Call ``.module()(obs, mask)`` to run it; it is the program ``policy.pt2`` holds.
     """
-    directory = Path(directory)
-    spec = read_spec(directory)
-    path = verify_file(directory, spec, PROGRAM_FILE)
-    return torch.export.load(path)
+    return export_program(load_policy(directory).net)

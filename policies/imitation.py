@@ -38,7 +38,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.serving.scheduling import Policy
-from policies.registry import make_policy
+from policies.registry import check_policy_name, make_policy
 
 
 def teacher_labels(masks: np.ndarray, level: int, rule: int) -> np.ndarray:
@@ -104,6 +104,8 @@ def collect(
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
+    for name in policies:  # names from a config file: registered policies only, checked before any work
+        check_policy_name(name)
     if policies and teacher != "window_best":
         raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
     if teacher == "window_best" and not isinstance(venv.venv, DummyVecEnv):

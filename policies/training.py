@@ -1,5 +1,9 @@
 """Building blocks of train.py: envs, models, val evaluation, callbacks, checkpoints, run folder.
 
+Checkpoints (``checkpoints/step_<N>/``, ``best/``) are in the pickle-free format of
+:mod:`policies.checkpoint`; resuming and exporting read only that format, never SB3's
+pickled ``model.zip``/``vecnormalize.pkl``.
+
 Evaluation runs the policy exactly as it will be shipped: the current SB3 weights and
 VecNormalize statistics are converted to :class:`~policies.exported.PolicyNet` and
 served through :class:`~policies.exported.ExportedPolicy` by the simulator on fixed
@@ -14,9 +18,7 @@ import dataclasses
 import json
 import logging
 import math
-import pickle
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,8 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 from torch import nn
-from tqdm import tqdm
 
+from chunkgym.io import atomic_write_text
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
 from envs.features import FEATURES_V1
@@ -41,6 +43,14 @@ from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
+from policies.checkpoint import (
+    NormStats,
+    is_checkpoint,
+    read_checkpoint,
+    restore,
+    restore_policy,
+    write_checkpoint,
+)
 from policies.config import Activation, AlgoName, Schedule, TrainConfig, VecEnvKind
 from policies.export import in_memory_policy, policy_net
 from policies.exported import PolicyNet, env_contract
@@ -61,8 +71,8 @@ EVAL_METRICS = (
 """Serving metrics of each val evaluation (means over the windows)."""
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
-MODEL_FILE = "model.zip"
-VECNORM_FILE = "vecnormalize.pkl"
+LEGACY_FILES = ("model.zip", "vecnormalize.pkl")
+"""SB3's pickled checkpoint files, written by earlier versions and never loaded (SECURITY.md)."""
 HISTORY_FILE = "evaluations.jsonl"
 CONFIG_FILE = "config.yaml"
 # Keys that may change when a run is resumed; every other key must match the run folder's config.
@@ -123,12 +133,8 @@ def make_vec_env(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> 
     return DummyVecEnv(fns) if cfg.algo.vec_env is VecEnvKind.dummy else SubprocVecEnv(fns)
 
 
-def normalised(venv: VecEnv, cfg: TrainConfig, stats: Path | None) -> VecNormalize:
-    """Observation (and optionally reward) normalisation, fresh or from a checkpoint's statistics."""
-    if stats is not None:
-        vecnorm = VecNormalize.load(str(stats), venv)
-        vecnorm.training = True
-        return vecnorm
+def normalised(venv: VecEnv, cfg: TrainConfig) -> VecNormalize:
+    """Observation (and optionally reward) normalisation; a resumed run restores its statistics."""
     a = cfg.algo
     return VecNormalize(
         venv, norm_obs=True, norm_reward=a.normalize_reward, clip_obs=a.clip_obs, gamma=a.gamma
@@ -164,8 +170,10 @@ def new_model(cfg: TrainConfig, venv: VecNormalize) -> OnPolicyAlgorithm:
 
 
 def load_model(cfg: TrainConfig, checkpoint: Path, venv: VecNormalize) -> OnPolicyAlgorithm:
-    """The checkpoint's model, its step counter and schedules intact, envs reseeded past it."""
-    model = ALGOS[cfg.algo.name].load(str(checkpoint / MODEL_FILE), env=venv, device="cpu")
+    """The run's model continued from ``checkpoint``: built from the config as a new run would be,
+    then its parameters, optimizer state, counters and normalisation restored; envs reseeded past it."""
+    model = new_model(cfg, venv)
+    restore(model, read_checkpoint(checkpoint, cfg.algo.name.value))
     model.set_random_seed(cfg.seed + model.num_timesteps)
     return model
 
@@ -174,12 +182,14 @@ def is_masked(cfg: TrainConfig) -> bool:
     return cfg.algo.name is AlgoName.maskable_ppo
 
 
-def best_policy_net(cfg: TrainConfig, run_dir: Path) -> PolicyNet:
-    """The best val model of the run (``run_dir/best``) as the network to export."""
-    model = ALGOS[cfg.algo.name].load(str(run_dir / BEST_DIR / MODEL_FILE), device="cpu")
-    with open(run_dir / BEST_DIR / VECNORM_FILE, "rb") as f:  # SB3's own format; no env needed to read it
-        stats = pickle.load(f)
-    return policy_net(model, stats, is_masked(cfg))
+def best_policy_net(cfg: TrainConfig, run_dir: Path, model: OnPolicyAlgorithm) -> PolicyNet:
+    """The best val policy of the run (``run_dir/best``), loaded into a new policy shaped like ``model``'s."""
+    best = read_checkpoint(run_dir / BEST_DIR, cfg.algo.name.value)
+    policy = model.policy_class(
+        model.observation_space, model.action_space, model.lr_schedule, **model.policy_kwargs
+    )
+    restore_policy(policy, best)
+    return policy_net(policy, best.norm, is_masked(cfg))
 
 
 # ---- evaluation on val windows --------------------------------------------------------------
@@ -211,37 +221,61 @@ class ValWindows:
         return out
 
 
-def save_pair(model: OnPolicyAlgorithm, directory: Path) -> None:
-    """Model and VecNormalize statistics into ``directory``, replaced as a whole."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save(tmp / MODEL_FILE)
-    model.get_vec_normalize_env().save(str(tmp / VECNORM_FILE))
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
-
-
 class Evaluator:
-    """Evaluates the current policy on the val windows; keeps the best in ``run_dir/best``."""
+    """Evaluates the current policy on the val windows; keeps the best in ``run_dir/best``.
 
-    def __init__(self, windows: ValWindows, run_dir: Path, env_id: str, masked: bool, select_by: str) -> None:
+    A run resumed from the checkpoint at step ``resumed_from`` first drops the evaluation rows
+    newer than it (a killed run may have evaluated past its last checkpoint), and the best
+    policy too if it is one of those: :attr:`best` is then None until the next evaluation.
+    """
+
+    def __init__(
+        self,
+        windows: ValWindows,
+        run_dir: Path,
+        env_id: str,
+        algo: str,
+        masked: bool,
+        select_by: str,
+        resumed_from: int | None = None,
+    ) -> None:
         self.windows = windows
         self.select_by = select_by
         self.run_dir = run_dir
         self.env_id = env_id
+        self.algo = algo
         self.masked = masked
         self.history = run_dir / HISTORY_FILE
         self.best: dict[str, Any] | None = None
         self.last_timesteps = -1
-        if self.history.is_file():  # a resumed run keeps its best
-            rows = [json.loads(line) for line in self.history.read_text().splitlines() if line.strip()]
-            if rows and (run_dir / BEST_DIR).is_dir():
-                self.best = max(rows, key=lambda r: r[select_by])
-                self.last_timesteps = rows[-1]["timesteps"]
+        if resumed_from is not None:
+            self._continue(resumed_from)
+
+    def _continue(self, resumed_from: int) -> None:
+        text = self.history.read_text() if self.history.is_file() else ""
+        complete = text[: text.rfind("\n") + 1]  # a run killed mid-append leaves a partial last line
+        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        best_dir = self.run_dir / BEST_DIR
+        best_step = read_checkpoint(best_dir, self.algo).num_timesteps if is_checkpoint(best_dir) else None
+        kept = [r for r in rows if r["timesteps"] <= resumed_from]
+        matching = [r for r in kept if r["timesteps"] == best_step]
+        if matching:
+            self.best = matching[-1]
+        else:  # the best policy is newer than the checkpoint (or gone): the next evaluation starts over
+            shutil.rmtree(best_dir, ignore_errors=True)
+            kept = [r for r in kept if r["timesteps"] < resumed_from]  # re-evaluated, identically
+        if len(kept) < len(rows) or len(complete) < len(text):
+            log.warning(
+                "resuming from step %d: dropped %d evaluation row(s) newer than the checkpoint%s",
+                resumed_from,
+                len(rows) - len(kept),
+                "" if matching else ", and the best policy (newer too)",
+            )
+            atomic_write_text(self.history, "".join(json.dumps(r) + "\n" for r in kept))
+        self.last_timesteps = kept[-1]["timesteps"] if kept else -1
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
-        net = policy_net(model, model.get_vec_normalize_env(), self.masked)
+        net = policy_net(model.policy, NormStats.of(model.get_vec_normalize_env()), self.masked)
         policy = in_memory_policy(net, self.env_id)
         row = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
         with self.history.open("a") as f:
@@ -250,7 +284,7 @@ class Evaluator:
         key = self.select_by
         improved = self.best is None or row[key] > self.best[key]
         if improved:
-            save_pair(model, self.run_dir / BEST_DIR)
+            write_checkpoint(model, self.run_dir / BEST_DIR, self.algo)
             self.best = row
         for key in EVAL_METRICS:
             model.logger.record(f"eval/{key}", row[key])
@@ -272,6 +306,7 @@ class Every(BaseCallback):
 
     It fires at the start of a rollout, i.e. right after a PPO update, so the model
     it sees (and a checkpoint it writes) has trained on every step it has counted.
+    SB3's CheckpointCallback fires mid-rollout, whose collected steps a resume would lose.
     """
 
     def __init__(self, every: int, fn: Callable[[OnPolicyAlgorithm], Any]) -> None:
@@ -290,6 +325,13 @@ class Every(BaseCallback):
 
     def _on_step(self) -> bool:
         return True
+
+
+class CheckpointEvery(Every):
+    """Writes ``checkpoints/step_<N>/`` in the pickle-free format every ``every`` steps, keeping ``keep``."""
+
+    def __init__(self, every: int, run_dir: Path, keep: int, algo: str) -> None:
+        super().__init__(every, lambda model: save_checkpoint(model, run_dir, keep, algo))
 
 
 class ServingStats(BaseCallback):
@@ -312,39 +354,11 @@ class ServingStats(BaseCallback):
             self.rows.clear()
 
 
-class ProgressBar(BaseCallback):
-    """A tqdm bar over the run's total steps (ETA included), resumed runs starting where they stopped."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        super().__init__()
-        self.total = total
-        self.enabled = enabled
-        self.bar: tqdm | None = None
-
-    def _on_training_start(self) -> None:
-        start = self.model.num_timesteps
-        self.bar = tqdm(
-            total=self.total,
-            initial=start,
-            unit="step",
-            mininterval=1.0,
-            disable=not self.enabled,
-            file=sys.stderr,
-        )
-
-    def _on_step(self) -> bool:
-        self.bar.update(self.training_env.num_envs)
-        return True
-
-    def _on_training_end(self) -> None:
-        self.bar.close()
-
-
 # ---- checkpoints and run folder -------------------------------------------------------------
-def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int) -> Path:
-    """``checkpoints/step_<N>/`` (model + VecNormalize statistics); older ones beyond ``keep`` removed."""
+def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int, algo: str) -> Path:
+    """``checkpoints/step_<N>/`` (:mod:`policies.checkpoint`); older ones beyond ``keep`` removed."""
     path = run_dir / CHECKPOINT_DIR / f"step_{model.num_timesteps:012d}"
-    save_pair(model, path)
+    write_checkpoint(model, path, algo)
     for old in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old)
     return path
@@ -358,15 +372,24 @@ def checkpoint_steps(checkpoint: Path) -> int:
 def checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     root = run_dir / CHECKPOINT_DIR
-    found = (
-        [p for p in root.glob("step_*") if p.is_dir() and (p / MODEL_FILE).is_file()] if root.is_dir() else []
-    )
+    found = [p for p in root.glob("step_*") if p.is_dir() and is_checkpoint(p)] if root.is_dir() else []
     return sorted((p for p in found if not p.name.endswith(".tmp")), key=lambda p: p.name)
+
+
+def legacy_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint files of SB3's pickle format in ``run_dir`` (written before the safetensors format)."""
+    return sorted(p for name in LEGACY_FILES for p in run_dir.glob(f"*/**/{name}"))
 
 
 def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list[Path]:
     """The run folder's checkpoints (to resume from) after checking that ``config`` may continue them;
     then writes ``config`` as the folder's ``config.yaml``."""
+    legacy = legacy_checkpoints(run_dir)
+    if legacy:
+        raise SystemExit(
+            f"{run_dir} holds checkpoints in SB3's pickle format ({legacy[0]}), which this version never "
+            "loads (loading a pickle can run code, SECURITY.md); start a new run in another hydra.run.dir"
+        )
     found = checkpoints(run_dir)
     saved = run_dir / CONFIG_FILE
     if found and not resume:
@@ -375,7 +398,7 @@ def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list
         changed = config_differences(identity(yaml.safe_load(saved.read_text())), identity(config))
         if changed:
             raise SystemExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
-    saved.write_text(yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(saved, yaml.safe_dump(config, sort_keys=False))
     return found
 
 

@@ -2,7 +2,6 @@
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from chunkgym import REPO_ROOT
 from chunkgym.config import ConfigError
+from policies.checkpoint import read_checkpoint
 from policies.config import TrainConfig, plain, register_configs, to_train_config
 from policies.exported import load_policy
 from policies.training import prepare_run_dir
@@ -142,9 +142,8 @@ def _last_json(stdout: str) -> dict:
 
 
 def _obs_stats(checkpoint):
-    """The observation RunningMeanStd of a checkpoint (SB3 pickles VecNormalize; our own test file)."""
-    with open(checkpoint / "vecnormalize.pkl", "rb") as f:
-        return pickle.load(f).obs_rms
+    """The observation statistics of a checkpoint (safetensors, never a pickle)."""
+    return read_checkpoint(checkpoint, "maskable_ppo").norm
 
 
 def _learning_rates(run_dir) -> dict[int, list[float]]:
@@ -163,7 +162,7 @@ def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
     assert summary["timesteps"] == 256 and summary["run_dir"] == str(run_dir)
     for key in ("best_val_goodput_rps", "sarathi_512_val_goodput_rps"):
         assert summary[key] >= 0
-    for name in ("config.yaml", "env_spec.json", "evaluations.jsonl", "summary.json", "best/model.zip"):
+    for name in ("config.yaml", "env_spec.json", "evaluations.jsonl", "summary.json", "best/checkpoint.json"):
         assert (run_dir / name).is_file(), name
     assert not (run_dir / "wandb").exists(), "logger.mode=disabled must write no W&B files"
     first_ckpt = run_dir / "checkpoints" / f"step_{256:012d}"
@@ -181,13 +180,11 @@ def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
     assert resumed["timesteps"] == 512 and resumed["resumed_from_timesteps"] == 256
     assert resumed["config_hash"] == summary["config_hash"]  # total_timesteps is not part of the identity
     ckpt = run_dir / "checkpoints" / f"step_{512:012d}"
-    assert (ckpt / "model.zip").is_file()
-    from sb3_contrib import MaskablePPO
-
-    assert MaskablePPO.load(str(ckpt / "model.zip"), device="cpu").num_timesteps == 512
+    assert read_checkpoint(ckpt, "maskable_ppo").num_timesteps == 512
+    assert not list(run_dir.rglob("*.pkl")) and not list(run_dir.rglob("*.zip")), "no pickle is ever written"
     # normalisation statistics continue: 256 more steps plus one reset observation per env
     stats_2 = _obs_stats(ckpt)
-    assert stats_2.count == pytest.approx(stats_1.count + 256 + 2)
+    assert stats_2.obs_count == pytest.approx(stats_1.obs_count + 256 + 2)
     # the linear LR schedule continues over the new total (1 - 384/512 after the first resumed rollout),
     # it does not restart (which would give 1 - 128/256)
     lr0 = 3e-4

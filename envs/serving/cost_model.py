@@ -331,7 +331,10 @@ def read_cost_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"cost coefficient file not found: {path}")
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not a readable YAML coefficient file ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     missing = [name for name in COST_FILE_FIELDS if name not in data]

@@ -25,7 +25,7 @@ from chunkgym.cli import hydra_cli
 from chunkgym.config import from_mapping
 from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
-from envs.serving.workloads.files import read_rows, sniff_format
+from envs.serving.workloads.files import link_problem, read_rows, sniff_format
 from envs.serving.workloads.lengths import LengthSource
 from envs.serving.workloads.renewal import Renewal, check_seed
 from envs.serving.workloads.servegen import ServeGenSource, load_day
@@ -116,6 +116,8 @@ def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
     for candidate in tried:
         if candidate.exists():
             return candidate.resolve()
+        if link_problem(candidate):
+            raise TraceError(candidate, link_problem(candidate))
     raise TraceError(path, f"trace file not found (tried {', '.join(map(str, tried))})")
 
 
