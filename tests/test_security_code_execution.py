@@ -20,9 +20,9 @@ import torch
 import yaml
 
 from chunkgym import REPO_ROOT
-from envs import ENV_ID
+from envs import ENV_ID_V0 as ENV_ID
 from envs.actions import NVEC
-from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.chunked_prefill import version_of
 from leaderboard.runs import RunSpec
 from policies import imitation, registry
 from policies.checkpoint import CheckpointError, read_checkpoint
@@ -150,7 +150,7 @@ def test_a_preset_may_only_build_policy_classes_of_this_repo(tmp_path, marker, m
 def export_dir(tmp_path) -> Path:
     torch.manual_seed(0)
     directory = tmp_path / "export"
-    write_export(PolicyNet([len(ChunkedPrefillEnv.feature_names), 8], NVEC), ENV_ID, directory, {})
+    write_export(PolicyNet([len(version_of(ENV_ID).feature_names), 8], NVEC), ENV_ID, directory, {})
     return directory
 
 

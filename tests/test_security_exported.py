@@ -8,14 +8,14 @@ import shutil
 import pytest
 import torch
 
-from envs import ENV_ID
+from envs import ENV_ID_V0 as ENV_ID
 from envs.actions import NVEC
-from envs.chunked_prefill import ChunkedPrefillEnv
+from envs.chunked_prefill import version_of
 from policies import exported
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
 
-N_FEATURES = len(ChunkedPrefillEnv.feature_names)
+N_FEATURES = len(version_of(ENV_ID).feature_names)
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def test_evaluate_out_of_space_mid_results_leaves_no_results_csv(tmp_path, monke
 
     monkeypatch.setattr(evaluate_py, "write_csv", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        evaluate_py.evaluate(conf, evaluate_py.plan(conf), tmp_path)
+        evaluate_py.evaluate(conf, evaluate_py.grid_of(conf), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
