@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,7 @@ class SimResult:
     iterations: dict[str, np.ndarray]
     metrics: dict[str, float]
     token_times: dict[int, np.ndarray]
+    stopped: bool = False  # ``run``'s ``stop`` ended it before the trace was done: the results are partial
 
 
 class Simulator:
@@ -185,21 +187,31 @@ class Simulator:
             core.finish(req, dec.leave(req))
         return True
 
-    def run(self, policy: Policy, fast_forward: bool = True) -> SimResult:
+    def run(
+        self, policy: Policy, fast_forward: bool = True, stop: Callable[[ServingCore], bool] | None = None
+    ) -> SimResult:
         """Serve the whole trace with ``policy``, asked once per iteration.
 
         ``fast_forward=False`` steps decode-only stretches one by one too (for tests:
-        the results are identical, bit for bit).
+        the results are identical, bit for bit).  ``stop(core)``, checked between
+        iterations, ends the run early once true (a capacity probe whose answer is known,
+        :mod:`envs.serving.early`); the result is then partial and says so (``stopped``).
         """
         wall = time.perf_counter()
         core = self.core
         policy.reset(core)
         view = core.view
+        stopped = False
         while self.advance_to_work():
+            if stop is not None and stop(core):  # early stop hook: the only use of ``stop``
+                stopped = True
+                break
             if fast_forward and self.fast_forward():
                 continue
             self.step(policy.plan(view))
-        return self.result(time.perf_counter() - wall)
+        result = self.result(time.perf_counter() - wall)
+        result.stopped = stopped
+        return result
 
     # ---- results -------------------------------------------------------------------------
     def result(self, wall_s: float = math.nan) -> SimResult:
