@@ -32,6 +32,18 @@ class FakeQuery:
         return None
 
 
+class CountingPool(ThreadPoolExecutor):
+    """A thread pool that records what it was asked to run."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.submitted: list[tuple[int, float]] = []
+
+    def submit(self, fn, scale, trace):
+        self.submitted.append((id(fn), scale))
+        return super().submit(fn, scale, trace)
+
+
 def _outcome(seed: int, boundary: float, noise: float, scale: float) -> bool:
     """Pass below ``boundary``, with outcomes flipped at random near it (not monotone)."""
     flip = random.Random(hash((seed, scale))).random() < noise
@@ -55,8 +67,9 @@ def _probe(seed: int, boundary: float, noise: float, scale: float, trace: None) 
 )
 def test_speculative_search_visits_the_sequential_probe_sequence(searches, rel_tol, width):
     runs = [functools.partial(_probe, *s) for s in searches]
-    with ThreadPoolExecutor(width) as pool:
+    with CountingPool(width) as pool:
         found = speculative_search([FakeQuery(rel_tol)] * len(searches), runs, pool, width)
+    assert len(pool.submitted) == len(set(pool.submitted))  # no probe runs twice
     for (seed, boundary, noise), (result, probes) in zip(searches, found, strict=True):
         reference = capacity_search(functools.partial(_outcome, seed, boundary, noise), rel_tol=rel_tol)
         assert result == reference  # scale, bracket and every (scale, outcome), in order

@@ -208,13 +208,14 @@ def speculative_search(
             if isinstance(state, CapacityResult):
                 results[i] = state
                 continue
-            busy = {s for j, s in running if j == i}
-            frontiers.append(_frontier(i, state, done[i], busy, rel_tol=query.rel_tol))
+            frontiers.append(_frontier(i, state, done[i], rel_tol=query.rel_tol))
         if len(results) == len(queries):
             for future in running.values():
                 future.cancel()
             return [(results[i], done[i]) for i in range(len(queries))]
         for _, i, scale in heapq.merge(*frontiers, key=_depth) if len(running) < width else ():
+            if (i, scale) in running:
+                continue
             running[i, scale] = executor.submit(runs[i], scale, queries[i].trace_at(scale))
             if len(running) >= width:
                 break
@@ -248,11 +249,11 @@ def _after(outcomes: list[bool], **search: float) -> float | CapacityResult:
 
 
 def _frontier(
-    index: int, history: list[bool], done: dict[float, Probe], busy: set[float], **search: float
+    index: int, history: list[bool], done: dict[float, Probe], **search: float
 ) -> Iterator[tuple[int, int, float]]:
-    """(depth, ``index``, scale) of the unknown probes search ``index`` may make next, nearest
-    first (breadth first, pass before fail). A known probe's subtree is followed along its
-    outcome only."""
+    """(depth, ``index``, scale) of the probes without a result that search ``index`` may make
+    next, nearest first (breadth first, pass before fail); a known probe's subtree is followed
+    along its outcome only."""
     level, depth = [history], 0
     while level:
         below = []
@@ -263,8 +264,7 @@ def _frontier(
             if scale in done:
                 below.append([*outcomes, done[scale].passed])
                 continue
-            if scale not in busy:
-                yield depth, index, scale
+            yield depth, index, scale
             below += [[*outcomes, True], [*outcomes, False]]
         level, depth = below, depth + 1
 
