@@ -8,8 +8,9 @@ cores this process may use), one pool shared by the whole grid.
 
     python bench/capacity_speed.py [--parallel N]
 
-The last stdout line is one JSON object: baseline_s, fast_s, speedup, identical (every
-capacity bit-identical to the reference search's), load_avg, ...
+The last stdout line is one JSON object: baseline_s, fast_s, speedup (wall clock),
+identical (every capacity bit-identical to the reference search's), load_avg, and the CPU
+seconds of both (baseline_cpu_s, fast_cpu_s: the work done, robust to a loaded machine).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -50,14 +52,14 @@ def main() -> None:
     ]
     load_before = os.getloadavg()
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     baseline = measure_capacities(queries, early_stop=False, parallel=1)
-    baseline_s = time.perf_counter() - t0
+    baseline_s, baseline_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     with ProcessPoolExecutor(parallel) as pool:  # worker start-up counts against the fast path
         fast = measure_capacities(queries, early_stop=True, parallel=parallel, executor=pool)
-    fast_s = time.perf_counter() - t0
+    fast_s, fast_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
 
     print(f"{'workload':14s} {'policy':14s} {'scale':>10s} {'probes':>6s} {'early':>5s} {'spec':>4s}  same")
     for q, ref, got in zip(queries, baseline, fast, strict=True):
@@ -74,6 +76,8 @@ def main() -> None:
                 "fast_s": round(fast_s, 3),
                 "speedup": round(baseline_s / fast_s, 3),
                 "identical": all(_same(r, g) for r, g in zip(baseline, fast, strict=True)),
+                "baseline_cpu_s": round(baseline_cpu_s, 3),
+                "fast_cpu_s": round(fast_cpu_s, 3),
                 "parallel": parallel,
                 "searches": len(queries),
                 "probes": len(probes),
@@ -87,6 +91,13 @@ def main() -> None:
             }
         )
     )
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the pool's workers, once shut down):
+    the work done, which a loaded machine does not inflate the way it does wall time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _same(ref: Capacity, got: Capacity) -> bool:
