@@ -101,6 +101,7 @@ class EvaluateConfig:
     split: str = "test"  # named workloads' split: test (report) or val (model selection)
     capacity: bool = False  # also search each policy's capacity (both criteria) -> capacity.csv
     capacity_rel_tol: float = 0.01  # the capacity search's relative bracket width
+    capacity_early_stop: bool = True  # stop attain90 probes once decided (false: the reference search)
     capacity_criteria: list[str] = field(
         default_factory=lambda: list(CRITERIA)
     )  # searched; others left blank
@@ -251,7 +252,9 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
     """capacity.csv: per (policy, workload, seed) the load scale and request rate at capacity, per criterion."""
     bases = list(dict.fromkeys(dataclasses.replace(s, load_scale=1.0) for s in specs))
     searched = [c for c in CRITERIA if c in conf.capacity_criteria]
-    jobs = [CapacityJob(s, c, conf.capacity_rel_tol) for s in bases for c in searched]
+    jobs = [
+        CapacityJob(s, c, conf.capacity_rel_tol, conf.capacity_early_stop) for s in bases for c in searched
+    ]
     found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress))
     rows = []
     for s in bases:

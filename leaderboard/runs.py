@@ -268,6 +268,7 @@ class CapacityJob:
     spec: RunSpec
     criterion: str
     rel_tol: float = 0.01
+    early_stop: bool = True  # capacity probes stop once decided (same capacities, less work)
 
     @property
     def label(self) -> str:
@@ -288,5 +289,6 @@ def run_capacity(job: CapacityJob) -> tuple[float, float]:
         window_s=s.window_s,
         rel_tol=job.rel_tol,
         whole_split=s.whole_file,
+        early_stop=job.early_stop,
     )
     return capacity.scale, capacity.rps

@@ -5,29 +5,120 @@ load at which >= 90% of requests meet their SLO) and ``tbt`` (Sarathi-Serve: the
 load at which P99 TBT <= the TPOT bound and the median scheduling delay <= 2 s).  The
 window (requests and their order) is fixed by the seed; load scaling only compresses
 its arrival times, so every probe serves the same requests.
+
+Two mechanisms make a search fast without changing its answer (``early_stop=False,
+parallel=1`` is the reference path):
+
+* early stop: an ``attain90`` probe ends the moment its pass/fail is proven
+  (:mod:`envs.serving.early`); ``tbt`` probes always run to the end.
+* speculative search: with ``parallel=k``, k probes run at once, the next one of the
+  sequential search and, breadth first, those it would make after each possible outcome;
+  the search then follows the outcomes exactly as the sequential one does, so it decides
+  on the same probe sequence and finds the same bracket, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
-from envs.serving.metrics import CapacityResult, attain90, capacity_search, tbt_criterion
+from envs.serving.early import Attain90Stop
+from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
+from envs.serving.workloads.trace import Trace
 
 CRITERIA = ("attain90", "tbt")
 
 
 @dataclass(frozen=True)
+class Probe:
+    """One load point of a search: its outcome and how much of the run decided it."""
+
+    scale: float
+    passed: bool
+    decided_early: bool  # the run stopped as soon as the outcome was proven
+    requests_decided: int  # requests known good or bad when it stopped (all of them at the end)
+    requests: int
+
+
+@dataclass(frozen=True)
 class Capacity:
-    """A capacity in load scale and in requests per second, with the search's bracket."""
+    """A capacity in load scale and in requests per second, with the search's bracket.
+
+    ``probes``: the sequential search's probes, in order (``result.evaluations``' scales);
+    ``speculative``: probes run ahead of time that the search did not need.
+    """
 
     criterion: str
     scale: float
     rps: float
     result: CapacityResult
+    probes: tuple[Probe, ...] = ()
+    speculative: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """What a probe needs besides its trace: small and picklable, so a pool worker runs it."""
+
+    setup: ServingSetup
+    make_policy: Callable[[], Policy]
+    criterion: str
+    early_stop: bool
+
+    def __call__(self, scale: float, trace: Trace) -> Probe:
+        sim = self.setup.simulator(trace)
+        core = sim.core
+        stop = (
+            Attain90Stop.for_requests(len(trace))
+            if self.early_stop and self.criterion == "attain90"
+            else None
+        )
+        result = sim.run(self.make_policy(), stop=None if stop is None else lambda: stop(core))
+        decided = core.n_good + core.n_bad
+        if result.stopped and stop is not None:
+            return Probe(scale, stop.passed(core), True, decided, len(trace))
+        if self.criterion == "attain90":
+            passed = attain90(result.metrics)
+        else:
+            passed = tbt_criterion(result.metrics, self.setup.slo.tpot_s)
+        return Probe(scale, passed, False, decided, len(trace))
+
+
+@dataclass(frozen=True)
+class CapacityQuery:
+    """One search: ``make_policy``'s capacity on one window of ``workload`` (or its whole split)."""
+
+    setup: ServingSetup
+    workload: Workload
+    make_policy: Callable[[], Policy]
+    criterion: str = "attain90"
+    split: str = "test"
+    seed: int = 0
+    window_s: float | None = None
+    rel_tol: float = 0.01
+    whole_split: bool = False
+
+    def __post_init__(self) -> None:
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"unknown capacity criterion {self.criterion!r}; valid: {', '.join(CRITERIA)}")
+
+    def trace_at(self, scale: float) -> Trace:
+        if self.whole_split:
+            return self.workload.split(self.split, self.seed, scale)
+        return self.workload.window(self.split, self.seed, scale, self.window_s)
+
+    def capacity(self, result: CapacityResult, probes: dict[float, Probe]) -> Capacity:
+        rps = 0.0
+        if result.scale > 0:
+            trace = self.trace_at(result.scale)
+            rps = len(trace) / trace.span_s
+        used = tuple(probes[s] for s, _ in result.evaluations)
+        return Capacity(self.criterion, result.scale, rps, result, used, len(probes) - len(used))
 
 
 def measure_capacity(
@@ -40,29 +131,143 @@ def measure_capacity(
     window_s: float | None = None,
     rel_tol: float = 0.01,
     whole_split: bool = False,
+    early_stop: bool = True,
+    parallel: int = 1,
+    executor: Executor | None = None,
 ) -> Capacity:
     """Search the load scale for ``criterion`` on one window (or the whole split).
 
-    ``make_policy`` builds a fresh policy per probe, so stateful policies start clean.
+    ``make_policy`` builds a fresh policy per probe, so stateful policies start clean (with
+    ``parallel > 1`` it must pickle: a registry name in ``functools.partial``, not a lambda).
     ``rps`` is the request rate at the found scale: requests / span of the scaled window.
+    ``early_stop`` and ``parallel``: see :func:`measure_capacities`.
     """
-    if criterion not in CRITERIA:
-        raise ValueError(f"unknown capacity criterion {criterion!r}; valid: {', '.join(CRITERIA)}")
+    query = CapacityQuery(
+        setup, workload, make_policy, criterion, split, seed, window_s, rel_tol, whole_split
+    )
+    return measure_capacities([query], early_stop, parallel, executor)[0]
 
-    def trace_at(scale: float):
-        if whole_split:
-            return workload.split(split, seed, scale)
-        return workload.window(split, seed, scale, window_s)
+
+def measure_capacities(
+    queries: Sequence[CapacityQuery],
+    early_stop: bool = True,
+    parallel: int = 1,
+    executor: Executor | None = None,
+) -> list[Capacity]:
+    """Every query's capacity, in order.
+
+    ``parallel``: probes in flight, on ``executor`` (None: a local process pool of that many
+    workers); the searches' next probes go first, then speculative ones, nearest first.
+    ``parallel=1`` runs the searches one after the other, each probe here when asked for.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    runs = [ProbeRun(q.setup, q.make_policy, q.criterion, early_stop) for q in queries]
+    if parallel == 1:
+        return [q.capacity(*_sequential(q, run)) for q, run in zip(queries, runs, strict=True)]
+    if executor is None:
+        with ProcessPoolExecutor(parallel) as pool:
+            found = speculative_search(queries, runs, pool, parallel)
+    else:
+        found = speculative_search(queries, runs, executor, parallel)
+    return [q.capacity(*f) for q, f in zip(queries, found, strict=True)]
+
+
+def _sequential(query: CapacityQuery, run: ProbeRun) -> tuple[CapacityResult, dict[float, Probe]]:
+    """The reference search: :func:`metrics.capacity_search`, one probe at a time."""
+    probes: dict[float, Probe] = {}
 
     def passes(scale: float) -> bool:
-        metrics = setup.simulator(trace_at(scale)).run(make_policy()).metrics
-        if criterion == "attain90":
-            return attain90(metrics)
-        return tbt_criterion(metrics, setup.slo.tpot_s)
+        probes[scale] = probe = run(scale, query.trace_at(scale))
+        return probe.passed
 
-    result = capacity_search(passes, rel_tol=rel_tol)
-    rps = 0.0
-    if result.scale > 0:
-        trace = trace_at(result.scale)
-        rps = len(trace) / trace.span_s
-    return Capacity(criterion, result.scale, rps, result)
+    return capacity_search(passes, rel_tol=query.rel_tol), probes
+
+
+def speculative_search(
+    queries: Sequence[CapacityQuery],
+    runs: Sequence[Callable[[float, Trace], Probe]],
+    executor: Executor,
+    width: int,
+) -> list[tuple[CapacityResult, dict[float, Probe]]]:
+    """:func:`metrics.capacity_search` for each query with up to ``width`` probes in flight.
+
+    Per query: its result and every probe run (its own and the speculative ones), by scale.
+    The executor is the backend: anything whose ``submit`` returns futures (a local
+    process pool, or Ray's).  Probes nearer the searches' current state go first.
+    """
+    done: list[dict[float, Probe]] = [{} for _ in queries]
+    results: dict[int, CapacityResult] = {}
+    running: dict[tuple[int, float], Future] = {}
+    while True:
+        frontiers = []
+        for i, query in enumerate(queries):
+            if i in results:
+                continue
+            state = _follow(done[i], rel_tol=query.rel_tol)
+            if isinstance(state, CapacityResult):
+                results[i] = state
+                continue
+            frontiers.append(_frontier(i, state, done[i], rel_tol=query.rel_tol))
+        if len(results) == len(queries):
+            for future in running.values():
+                future.cancel()
+            return [(results[i], done[i]) for i in range(len(queries))]
+        for _, i, scale in heapq.merge(*frontiers, key=_depth) if len(running) < width else ():
+            if (i, scale) in running:
+                continue
+            running[i, scale] = executor.submit(runs[i], scale, queries[i].trace_at(scale))
+            if len(running) >= width:
+                break
+        finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
+        for key, future in list(running.items()):
+            if future in finished:
+                done[key[0]][key[1]] = future.result()
+                del running[key]
+
+
+def _follow(done: dict[float, Probe], **search: float) -> list[bool] | CapacityResult:
+    """The sequential search's outcomes so far (up to its first unknown probe), or its result."""
+    history: list[bool] = []
+    nxt = _after(history, **search)
+    while not isinstance(nxt, CapacityResult) and nxt in done:
+        history.append(done[nxt].passed)
+        nxt = _after(history, **search)
+    return nxt if isinstance(nxt, CapacityResult) else history
+
+
+def _after(outcomes: list[bool], **search: float) -> float | CapacityResult:
+    """The scale the sequential search probes after ``outcomes``, or its result (a replay)."""
+    steps = capacity_steps(**search)
+    try:
+        scale = next(steps)
+        for ok in outcomes:
+            scale = steps.send(ok)
+    except StopIteration as end:
+        return end.value
+    return scale
+
+
+def _frontier(
+    index: int, history: list[bool], done: dict[float, Probe], **search: float
+) -> Iterator[tuple[int, int, float]]:
+    """(depth, ``index``, scale) of the probes without a result that search ``index`` may make
+    next, nearest first (breadth first, pass before fail); a known probe's subtree is followed
+    along its outcome only."""
+    level, depth = [history], 0
+    while level:
+        below = []
+        for outcomes in level:
+            scale = _after(outcomes, **search)
+            if isinstance(scale, CapacityResult):
+                continue
+            if scale in done:
+                below.append([*outcomes, done[scale].passed])
+                continue
+            yield depth, index, scale
+            below += [[*outcomes, True], [*outcomes, False]]
+        level, depth = below, depth + 1
+
+
+def _depth(item: tuple[int, int, float]) -> int:
+    return item[0]

@@ -76,6 +76,7 @@ class SimResult:
     iterations: dict[str, np.ndarray]
     metrics: dict[str, float]
     token_times: dict[int, np.ndarray]
+    stopped: bool = False  # ``run``'s ``stop`` ended it before the trace was done: the results are partial
 
 
 class Executor(Protocol):
@@ -176,8 +177,10 @@ class ServingLoop:
         until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
         wall = time.perf_counter()
         policy.reset(self.view)
-        self.run_until(policy, stop=stop, fast_forward=fast_forward)
-        return self.result(time.perf_counter() - wall)
+        stopped = self.run_until(policy, stop=stop, fast_forward=fast_forward)
+        result = self.result(time.perf_counter() - wall)
+        result.stopped = stopped
+        return result
 
     def result(self, wall_s: float = math.nan) -> SimResult:
         """The run so far: per-request outcomes, per-iteration records, system metrics."""

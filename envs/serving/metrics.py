@@ -22,7 +22,7 @@ every request.  The capacity search is :func:`capacity_search`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -279,39 +279,60 @@ def capacity_search(
     bracket ``(0, min_scale)`` when even the lowest load fails, and ``max_scale`` with
     bracket ``(max_scale, inf)`` when even the highest passes.
     """
+    steps = capacity_steps(start, rel_tol, min_scale, max_scale)
+    try:
+        scale = next(steps)
+        while True:
+            scale = steps.send(bool(passes(scale)))
+    except StopIteration as done:
+        return done.value
+
+
+def capacity_steps(
+    start: float = 1.0, rel_tol: float = 0.01, min_scale: float = 1 / 64, max_scale: float = 1024.0
+) -> Generator[float, bool, CapacityResult]:
+    """:func:`capacity_search` as a generator: yields each scale to probe, is sent its outcome.
+
+    The one definition of the probe sequence, so a driver that evaluates probes ahead of
+    time (:mod:`envs.serving.capacity`) follows exactly the sequential search.
+    """
     if not 0 < rel_tol < 1:
         raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
     seen: list[tuple[float, bool]] = []
 
-    def check(scale: float) -> bool:
-        ok = bool(passes(scale))
+    def check(scale: float) -> Generator[float, bool, bool]:
+        ok = yield scale
         seen.append((scale, ok))
         return ok
 
-    if check(start):
+    if (yield from check(start)):
         lo, hi = start, start * 2
-        while check(hi):
+        while (yield from check(hi)):
             lo, hi = hi, hi * 2
             if lo >= max_scale:
                 return CapacityResult(lo, (lo, math.inf), tuple(seen))
     else:
         lo, hi = start / 2, start
-        while not check(lo):
+        while not (yield from check(lo)):
             lo, hi = lo / 2, lo
             if lo < min_scale:
                 return CapacityResult(0.0, (0.0, hi), tuple(seen))
     while (hi - lo) / lo > rel_tol:
         mid = 0.5 * (lo + hi)
-        if check(mid):
+        if (yield from check(mid)):
             lo = mid
         else:
             hi = mid
     return CapacityResult(lo, (lo, hi), tuple(seen))
 
 
+ATTAIN90_TARGET = 0.9
+"""``attain90``'s bar: the fraction of all requests that must meet their SLO."""
+
+
 def attain90(summary: dict[str, float]) -> bool:
     """DistServe's capacity criterion: at least 90% of requests meet their SLO."""
-    return summary["slo_attainment"] >= 0.9
+    return summary["slo_attainment"] >= ATTAIN90_TARGET
 
 
 def tbt_criterion(summary: dict[str, float], tpot_bound_s: float, max_median_delay_s: float = 2.0) -> bool:

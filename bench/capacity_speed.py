@@ -1,0 +1,114 @@
+"""Time a fixed capacity grid with the fast-search mechanisms off and on, back to back.
+
+Grid: fcfs, sarathi_512, sarathi_2048, adaptive_srpf x azure_conv, azure_code,
+mooncake_conv; test split, seed 0, ``attain90``, default tolerance, default model and
+hardware, strict SLO.  Baseline: ``early_stop=False, parallel=1`` (the reference search);
+fast: early stop and speculative search over ``--parallel`` worker processes (default: the
+cores this process may use), one pool shared by the whole grid.
+
+    python bench/capacity_speed.py [--parallel N]
+
+The last stdout line is one JSON object: baseline_s, fast_s, speedup (wall clock),
+identical (every capacity bit-identical to the reference search's), load_avg, and the CPU
+seconds of both (baseline_cpu_s, fast_cpu_s: the work done, robust to a loaded machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import chunkgym
+from envs.serving.capacity import Capacity, CapacityQuery, measure_capacities
+from envs.serving.setup import ServingSetup
+from envs.serving.workload import load_workload
+from leaderboard.parallel import default_jobs
+from policies.registry import make_policy
+
+POLICIES = ("fcfs", "sarathi_512", "sarathi_2048", "adaptive_srpf")
+WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv")
+
+
+def main() -> None:
+    chunkgym.require_own_packages()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parallel", type=int, default=0, help="probes in flight (0: the cores available)")
+    args = ap.parse_args()
+    parallel = args.parallel or default_jobs()
+    if parallel < 1:
+        ap.error(f"--parallel must be >= 0, got {args.parallel}")
+
+    setup = ServingSetup.from_names()
+    workloads = {w: load_workload(w) for w in WORKLOADS}  # parsed once, outside both timings
+    queries = [
+        CapacityQuery(setup, workloads[w], functools.partial(make_policy, p), "attain90", "test", 0)
+        for w in WORKLOADS
+        for p in POLICIES
+    ]
+    load_before = os.getloadavg()
+
+    t0, cpu0 = time.perf_counter(), _cpu_s()
+    baseline = measure_capacities(queries, early_stop=False, parallel=1)
+    baseline_s, baseline_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
+
+    t0, cpu0 = time.perf_counter(), _cpu_s()
+    with ProcessPoolExecutor(parallel) as pool:  # worker start-up counts against the fast path
+        fast = measure_capacities(queries, early_stop=True, parallel=parallel, executor=pool)
+    fast_s, fast_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
+
+    print(f"{'workload':14s} {'policy':14s} {'scale':>10s} {'probes':>6s} {'early':>5s} {'spec':>4s}  same")
+    for q, ref, got in zip(queries, baseline, fast, strict=True):
+        print(
+            f"{q.workload.spec.name:14s} {q.make_policy.args[0]:14s} {got.scale:10.6f} "
+            f"{len(got.probes):6d} {sum(p.decided_early for p in got.probes):5d} {got.speculative:4d}  "
+            f"{_same(ref, got)}"
+        )
+    probes = [p for c in fast for p in c.probes]
+    print(
+        json.dumps(
+            {
+                "baseline_s": round(baseline_s, 3),
+                "fast_s": round(fast_s, 3),
+                "speedup": round(baseline_s / fast_s, 3),
+                "identical": all(_same(r, g) for r, g in zip(baseline, fast, strict=True)),
+                "baseline_cpu_s": round(baseline_cpu_s, 3),
+                "fast_cpu_s": round(fast_cpu_s, 3),
+                "parallel": parallel,
+                "searches": len(queries),
+                "probes": len(probes),
+                "decided_early": sum(p.decided_early for p in probes),
+                "requests_decided_share": round(
+                    sum(p.requests_decided for p in probes) / sum(p.requests for p in probes), 4
+                ),
+                "speculative_probes": sum(c.speculative for c in fast),
+                "load_avg_before": [round(x, 2) for x in load_before],
+                "load_avg": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+    )
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the pool's workers, once shut down):
+    the work done, which a loaded machine does not inflate the way it does wall time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _same(ref: Capacity, got: Capacity) -> bool:
+    """Bit-identical capacity: scale, rate, bracket and the decided probe sequence."""
+    return (
+        ref.scale == got.scale
+        and ref.rps == got.rps
+        and ref.result.bracket == got.result.bracket
+        and ref.result.evaluations == got.result.evaluations
+    )
+
+
+if __name__ == "__main__":
+    main()
