@@ -152,7 +152,6 @@ def plan(conf: EvaluateConfig) -> Plan:
     """Resolve and check every name and value up front, so a typo fails before any simulation."""
     policies = _unique("policies", _resolve_policies(conf.policies))
     workloads = _unique("workloads", conf.workloads)
-    _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
     loads = _unique("load_scales", conf.load_scales)
     seeds = _unique("seeds", [check_seed(s) for s in conf.seeds])
     bad = [x for x in loads if not (x > 0 and math.isfinite(x))]
@@ -167,6 +166,8 @@ def plan(conf: EvaluateConfig) -> Plan:
         raise ValueError(f"logger.mode must be one of {', '.join(LOGGER_MODES)}, got {conf.logger.mode!r}")
     if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
         raise ValueError(f"window_s must be a positive number of seconds or null, got {conf.window_s}")
+    # after the option names and values: a missing data folder must not hide a typo
+    _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
     setup = Setup.create(
         conf.model,
         conf.hardware,

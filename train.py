@@ -25,8 +25,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from stable_baselines3.common.callbacks import CallbackList
 
+from chunkgym.data import exit_on
 from chunkgym.provenance import config_hash, git_commit
-from envs.serving.workload import Workload
+from envs.serving.workload import TraceError, Workload
 from policies import imitation, training
 from policies.config import plain, register_configs, to_train_config
 from policies.export import write_export
@@ -38,6 +39,7 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@exit_on("train.py", TraceError)  # a missing or bad trace file: one line naming it and the fetch command
 def main(dcfg: DictConfig) -> None:
     started = time.perf_counter()
     # ---- config and run folder ------------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 import chunkgym
+from chunkgym.data import FETCH_COMMAND
 from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
 from envs.serving.workloads.files import read_rows, sniff_format
@@ -111,7 +112,9 @@ class Workload:
 
 def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
     p = Path(path).expanduser()
-    tried = [p] if p.is_absolute() else [Path.cwd() / p, chunkgym.data_root(root) / p]
+    tried = (
+        [p] if p.is_absolute() else [Path.cwd() / p, chunkgym.data_root(root) / p, chunkgym.SHIPPED_DATA / p]
+    )
     for candidate in tried:
         if candidate.exists():
             return candidate.resolve()
@@ -124,15 +127,15 @@ def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Sou
         return _synthetic(spec, spec.base_rate or None)
     base = chunkgym.data_root(root)
     path = Path(spec.path).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = path if path.is_absolute() else chunkgym.data_file(path, root)
     if not path.exists():
         if spec.allow_synthetic:
             return _synthetic(spec, None)
         raise TraceError(
             path,
-            f"data file of workload {spec.name!r} not found (data root {base}). Point {chunkgym.DATA_ENV_VAR} "
-            f"or data_root at the data folder, or set allow_synthetic: true to use the synthetic "
-            f"stand-in fitted on Azure conv",
+            f"data file of workload {spec.name!r} not found (data root {base}). Run `{FETCH_COMMAND}` "
+            f"(or `{FETCH_COMMAND} --from DIR` from a local copy), point {chunkgym.DATA_ENV_VAR} or data_root "
+            f"at the data folder, or set allow_synthetic: true to use the synthetic stand-in fitted on Azure conv",
         )
     source = f"file:{path}"
     if spec.format == "servegen":

@@ -5,7 +5,7 @@ lengths are drawn independently through piecewise-linear inverse CDFs that pass 
 trace's quantiles at :data:`QUANTILES` (their Spearman correlation in the trace is 0.07, so
 independence loses little). :data:`AZURE_CONV_FIT` holds the fitted numbers; refit and print
 them with ``python -m envs.serving.workloads.synthetic [path/to/AzureLLMInferenceTrace_conv.csv]``
-(default: the file under the data root); ``tests/test_workload_synthetic.py`` checks they agree.
+(default: the file under the data root, else the copy shipped in ``data/``); ``tests/test_workload_synthetic.py`` checks they agree.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkgym import data_root
+from chunkgym import data_file
 from envs.serving.workloads.files import Rows, read_rows
 from envs.serving.workloads.renewal import Renewal, rng_for
 
@@ -87,7 +87,7 @@ def generate(params: SyntheticFit, rate: float | None = None, seed: int = 0) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Refit the synthetic workload on an Azure-format trace.")
-    parser.add_argument("path", nargs="?", default=str(data_root() / AZURE_CONV_PATH))
+    parser.add_argument("path", nargs="?", default=str(data_file(AZURE_CONV_PATH)))
     print(repr(fit(Path(parser.parse_args().path))))
 
 
