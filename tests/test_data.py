@@ -82,7 +82,13 @@ def test_a_missing_data_file_names_the_fetch_command_in_one_line(tmp_path) -> No
 def test_train_py_reports_missing_data_in_one_line_without_a_traceback(tmp_path) -> None:
     env = {"CHUNKGYM_DATA": str(tmp_path), "WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
-        [sys.executable, "train.py", "workload=sharegpt_poisson", "logger=disabled", f"hydra.run.dir={tmp_path}/r"],
+        [
+            sys.executable,
+            "train.py",
+            "workload=sharegpt_poisson",
+            "logger=disabled",
+            f"hydra.run.dir={tmp_path}/r",
+        ],
         cwd=chunkgym.REPO_ROOT,
         env=env,
         capture_output=True,
@@ -156,7 +162,14 @@ def test_download_uses_the_pinned_commit_url(monkeypatch) -> None:
 
 
 def test_cli_accepts_hydra_style_options_and_rejects_unknown_sources(tmp_path, capsys) -> None:
-    assert data._hydra_style(["fetch", "from=/m", "only=[a,b]"]) == ["fetch", "--from", "/m", "--only", "a", "b"]
+    assert data._hydra_style(["fetch", "from=/m", "only=[a,b]"]) == [
+        "fetch",
+        "--from",
+        "/m",
+        "--only",
+        "a",
+        "b",
+    ]
     with pytest.raises(SystemExit):
         data.main(["verify", "--only", "nope"])
     assert "unknown source(s) ['nope']" in capsys.readouterr().err
