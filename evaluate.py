@@ -177,12 +177,15 @@ def plan(conf: EvaluateConfig) -> Plan:
         conf.serving,
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
+    unseeded = {w for w in workloads if w.startswith(FILE_PREFIX) and not cached_workload(w).seeded_arrivals}
+    for w in sorted(unseeded) if len(seeds) > 1 else []:
+        log.warning("%s is used whole and its arrivals do not depend on the seed: seed %d only", w, seeds[0])
     specs = [
         RunSpec(p, w, x, s, setup, conf.window_s, conf.split)
         for w in workloads
         for x in loads
         for p in policies
-        for s in seeds
+        for s in (seeds[:1] if w in unseeded else seeds)
     ]
     show = conf.showcase
     window = (
@@ -276,13 +279,14 @@ def draw(
     """Every plot; the timeline and composition plots simulate the showcase pair on one window."""
     from leaderboard import plots  # matplotlib takes ~0.3 s to import: not for runs that fail early
 
+    setup = plots.setup_label(results)
     images = [
-        plots.goodput_vs_load(ranked, out / "goodput_vs_load.png"),
+        plots.goodput_vs_load(ranked, setup, out / "goodput_vs_load.png"),
         plots.tbt_cdfs(results, [d.tbt_quantiles for d in done], TBT_PROBS, out / "tbt_cdf.png"),
     ]
     runs = {s.policy: simulate(s)[1] for s in grid.showcase}
     first = grid.showcase[0]
-    title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}"
+    title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}; {plots.setup_label(results, False)}"
     stall = plots.find_stall(runs[first.policy])
     if stall is None:
         log.warning("%s: no prompt was prefilled while another request streamed; no timeline plot", title)
@@ -291,7 +295,7 @@ def draw(
         slo = first.setup.build().slo
         images.append(plots.timeline(runs, stall, slo, title, out / "timeline_fcfs_vs_sarathi.png"))
         span = plots.stall_window(runs, stall)
-    images.append(plots.batch_composition(runs, span, out / "batch_composition.png"))
+    images.append(plots.batch_composition(runs, span, title, out / "batch_composition.png"))
     return images
 
 

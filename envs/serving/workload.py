@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -35,6 +36,7 @@ from envs.serving.workloads.trace import SPLITS, Source, Trace, TraceError
 
 __all__ = ["SPLITS", "Trace", "TraceError", "Workload", "WorkloadSpec", "load_workload", "workload_names"]
 
+log = logging.getLogger(__name__)
 WORKLOAD_DIR = CONF_DIR / "workload"
 FILE_PREFIX = "file:"
 DEFAULT_FILE_RATE = 4.0
@@ -87,6 +89,13 @@ class Workload:
         spec = WorkloadSpec(name=f"{FILE_PREFIX}{path}", format=fmt, path=str(resolved), **extra)
         return cls(spec, data_root)
 
+    @property
+    def seeded_arrivals(self) -> bool:
+        """Whether ``split(..., seed)`` depends on the seed: generated arrivals (length-only files,
+        ServeGen) or slot jitter. A timed file's own rows (Azure, unjittered Mooncake) do not, so a
+        ``file:`` trace used whole gives the same run for every seed."""
+        return self.spec.format in ("lengths", "servegen") or self.spec.slot_jitter_s > 0
+
     def split(self, split: str, seed: int = 0, load_scale: float = 1.0) -> Trace:
         """The whole ``split`` ("train", "val", "test" or "all")."""
         return self._scaled(self._source.extract(split, check_seed(seed), None), load_scale)
@@ -97,7 +106,16 @@ class Workload:
         window_s = self.spec.window_s if window_s is None else float(window_s)
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
-        return self._scaled(self._source.extract(split, check_seed(seed), window_s), load_scale)
+        trace = self._scaled(self._source.extract(split, check_seed(seed), window_s), load_scale)
+        if not len(trace):  # its metrics would all be NaN: say so where it happens
+            log.warning(
+                "workload %r: the %s window for seed %d (window_s %g) holds no requests",
+                self.spec.name,
+                split,
+                seed,
+                window_s,
+            )
+        return trace
 
     def _scaled(self, trace: Trace, load_scale: float) -> Trace:
         if not (load_scale > 0 and math.isfinite(load_scale)):
