@@ -72,6 +72,12 @@ def _best_heuristic(sub: pd.DataFrame) -> str | None:
     return str(others.groupby("policy")["goodput_mean"].sum().idxmax())
 
 
+def _legend_key(label: str, best: str | None) -> str | None:
+    """The policy a goodput-plot label stands for (None for the faint ones)."""
+    policy = label.removesuffix(" (best other heuristic)")
+    return policy if policy in HIGHLIGHT or policy == best else None
+
+
 def goodput_vs_load(ranked: pd.DataFrame, setup: str, path: Path) -> Path:
     """:func:`goodput_figure` saved to ``path``."""
     return _save(goodput_figure(ranked, setup), path)
@@ -86,7 +92,7 @@ def goodput_figure(ranked: pd.DataFrame, setup: str) -> plt.Figure:
     fig, axes = plt.subplots(
         2,
         len(workloads),
-        figsize=(4.5 * len(workloads), 7),
+        figsize=(4.5 * len(workloads), 7.8),
         squeeze=False,
         sharex="col",
         layout="constrained",
@@ -104,7 +110,7 @@ def goodput_figure(ranked: pd.DataFrame, setup: str) -> plt.Figure:
                 kw = {"color": strong[policy], "lw": 2.2, "marker": "o", "ms": 4, "label": label, "zorder": 3}
                 half = g["goodput_ci95"].fillna(0.0)
                 axes[0, j].fill_between(
-                    x, np.maximum(mean - half, 0.0), mean + half, color=strong[policy], alpha=0.18, lw=0
+                    x, np.maximum(mean - half, 0.0), mean + half, color=strong[policy], alpha=0.12, lw=0
                 )
             else:
                 kw = {"color": "0.6", "lw": 0.9, "alpha": 0.45, "label": faint_label, "zorder": 1}
@@ -113,7 +119,17 @@ def goodput_figure(ranked: pd.DataFrame, setup: str) -> plt.Figure:
             axes[1, j].plot(x, g["slo_attainment_mean"], **kw)
         axes[0, j].set_ylim(bottom=0.0)
         axes[0, j].set_title(f"{wl} (test split)")
-        axes[0, j].legend(fontsize=7, loc="upper left")
+        order = [*HIGHLIGHT, best, None]  # a fixed order in every column; None: the faint ones
+        handles = dict(zip(*reversed(axes[1, j].get_legend_handles_labels()), strict=True))
+        labels = sorted(handles, key=lambda lab: order.index(_legend_key(lab, best)))
+        axes[1, j].legend(
+            [handles[lab] for lab in labels],
+            labels,
+            fontsize=7,
+            ncol=2,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+        )
         axes[0, j].set_ylabel("goodput (req/s)")
         axes[1, j].set_ylabel("SLO attainment")
         axes[1, j].set_ylim(-0.02, 1.02)
@@ -159,7 +175,9 @@ def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndar
     for ax in axes[-1]:
         ax.set_xlabel("token gap (s); dashed: TPOT bound, dotted: stall bound", fontsize=8)
     axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
-    fig.suptitle(f"CDF of every token gap, first seed's window\n{setup_label(rows)}", fontsize=10)
+    fig.suptitle(
+        f"CDF of every token gap, one window per panel\n{setup_label(rows, with_seeds=False)}", fontsize=10
+    )
     return _save(fig, path)
 
 
