@@ -138,7 +138,6 @@ def grid_of(conf: EvaluateConfig) -> Grid:
     """Resolve and check every name and value up front, so a typo fails before any simulation."""
     policies = _unique("policies", _resolve_policies(conf.policies))
     workloads = _unique("workloads", conf.workloads)
-    _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
     loads = _unique("load_scales", conf.load_scales)
     seeds = _unique("seeds", [check_seed(s) for s in conf.seeds])
     bad = [x for x in loads if not (x > 0 and math.isfinite(x))]
@@ -152,16 +151,21 @@ def grid_of(conf: EvaluateConfig) -> Grid:
     if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
         raise ValueError(f"window_s must be a positive number of seconds or null, got {conf.window_s}")
     check_named(conf)
+    # after the option names and values: a missing data folder must not hide a typo
+    _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
     setup = SetupKey.create(
         conf.model.name, conf.hardware.name, conf.tp, conf.slo, conf.cost_model, conf.serving
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
+    unseeded = {w for w in workloads if w.startswith(FILE_PREFIX) and not cached_workload(w).seeded_arrivals}
+    for w in sorted(unseeded) if len(seeds) > 1 else []:
+        log.warning("%s is used whole and its arrivals do not depend on the seed: seed %d only", w, seeds[0])
     specs = [
         RunSpec(p, w, x, s, setup, conf.window_s, conf.split)
         for w in workloads
         for x in loads
         for p in policies
-        for s in seeds
+        for s in (seeds[:1] if w in unseeded else seeds)
     ]
     show = conf.showcase
     window = (
@@ -277,13 +281,14 @@ def draw(
     """Every plot; the timeline and composition plots simulate the showcase pair on one window."""
     from leaderboard import plots  # matplotlib takes ~0.3 s to import: not for runs that fail early
 
+    setup = plots.setup_label(results)
     images = [
-        plots.goodput_vs_load(ranked, out / "goodput_vs_load.png"),
+        plots.goodput_vs_load(ranked, setup, out / "goodput_vs_load.png"),
         plots.tbt_cdfs(results, [d.tbt_quantiles for d in done], TBT_PROBS, out / "tbt_cdf.png"),
     ]
     runs = {s.policy: simulate(s)[1] for s in grid.showcase}
     first = grid.showcase[0]
-    title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}"
+    title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}; {plots.setup_label(results, False)}"
     stall = plots.find_stall(runs[first.policy])
     if stall is None:
         log.warning("%s: no prompt was prefilled while another request streamed; no timeline plot", title)
@@ -292,7 +297,7 @@ def draw(
         slo = first.setup.build().slo
         images.append(plots.timeline(runs, stall, slo, title, out / "timeline_fcfs_vs_sarathi.png"))
         span = plots.stall_window(runs, stall)
-    images.append(plots.batch_composition(runs, span, out / "batch_composition.png"))
+    images.append(plots.batch_composition(runs, span, title, out / "batch_composition.png"))
     return images
 
 

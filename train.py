@@ -29,10 +29,11 @@ from stable_baselines3.common.callbacks import CallbackList
 from chunkgym import REPO_ROOT
 from chunkgym.cli import precheck
 from chunkgym.config import ConfigError
+from chunkgym.data import exit_on
 from chunkgym.io import atomic_write_text
 from chunkgym.provenance import config_hash, git_commit
 from chunkgym.tracking import TrainingTracker
-from envs.serving.workload import Workload
+from envs.serving.workload import TraceError, Workload
 from policies import imitation, training
 from policies.config import RULES, TrainConfig, plain, register_configs, to_train_config
 from policies.export import write_export
@@ -43,6 +44,7 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@exit_on("train.py", TraceError)  # a missing or bad trace file: one line naming it and the fetch command
 def main(dcfg: DictConfig) -> None:
     started = time.perf_counter()
     # ---- config and run folder ------------------------------------------------------------

@@ -18,6 +18,7 @@ The last stdout line is one JSON object.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ import numpy as np
 import chunkgym
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
+from chunkgym.progress import Progress
 from envs.serving.metrics import capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
@@ -70,10 +72,14 @@ def main(args: Options) -> None:
         row = {}
         for seed in args.seeds:
             caps = {}
+            rules = (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
+            total = sum(1 for b in SARATHI_BUDGETS for r in rules if r == Rule.FCFS or b in DEFAULT_BUDGETS)
+            progress = Progress(f"headroom {name} seed {seed}", total)
             for budget in SARATHI_BUDGETS:
-                for rule in (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST):
+                for rule in rules:
                     if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
                         continue
+                    progress.update(len(caps), "capacity searches")
                     res = capacity_search(
                         lambda s, w=workload, k=seed, b=budget, r=rule: (
                             attainment(setup, w, k, s, b, r) >= 0.9
@@ -89,7 +95,9 @@ def main(args: Options) -> None:
                 "constant": constant[0],
                 "constant_action": [constant[1], RULE_NAMES[constant[2]]],
             }
+            progress.finish(len(caps), "capacity searches")
             if args.oracle:
+                print(f"headroom {name} seed {seed}: oracle capacity search", file=sys.stderr, flush=True)
                 base = (constant[1], Rule(constant[2]))
                 start = time.perf_counter()
 

@@ -22,6 +22,7 @@ import numpy as np
 import chunkgym
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
+from chunkgym.progress import Progress
 from envs.serving.capacity import measure_capacity
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload, load_workload, workload_names
@@ -47,10 +48,15 @@ def main(args: Options) -> None:
     for name in args.workloads:
         spec = dataclasses.replace(load_workload(name).spec, rate_scale=1.0)
         workload = Workload(spec)
-        caps = [
-            measure_capacity(setup, workload, lambda: make_policy("sarathi_512"), "attain90", "val", s).scale
-            for s in args.seeds
-        ]
+        progress = Progress(f"rate_scales {name}", len(args.seeds))
+        caps = []
+        for s in args.seeds:
+            progress.update(len(caps), "capacity searches (one per seed)")
+            caps.append(
+                measure_capacity(
+                    setup, workload, lambda: make_policy("sarathi_512"), "attain90", "val", s
+                ).scale
+            )
         cap = float(np.mean(caps))
         suggested = float(f"{args.fraction * cap:.2g}")
         out[name] = {"capacity_native_multiple": cap, "per_seed": caps, "rate_scale": suggested}

@@ -16,6 +16,7 @@ iterations).  The last stdout line is one JSON object.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ def main(args: Options) -> None:
     for cost_model in ("calibrated", "roofline"):
         setup = ServingSetup.from_names("llama2_7b", "h100_80gb", 1, "strict", cost_model)
         sim = setup.simulator(trace)
+        print(f"{cost_model}: simulating {len(trace)} requests ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         result = sim.run(make_policy("sarathi_512"))
         wall = time.perf_counter() - start
@@ -79,6 +81,7 @@ def main(args: Options) -> None:
             f"-> {VIDUR_LOOP_S / wall:.1f}x faster loop; goodput {result.metrics['goodput_rps']:.2f} req/s, "
             f"{result.metrics['rejected']} rejected (prompt+output > 4,096)"
         )
+    print(f"env: {args.env_steps:,} random valid steps ...", file=sys.stderr, flush=True)
     steps = env_steps_per_s(args.env_steps, "calibrated")
     print(f"env: {steps:,.0f} steps/s with random valid actions (target 20,000)")
     iterations, wall = runs["calibrated"]

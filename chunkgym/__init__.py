@@ -21,6 +21,8 @@ OWN_PACKAGES = ("envs", "baselines", "policies", "engine", "calibration")
 
 DATA_ENV_VAR = "CHUNKGYM_DATA"
 DEFAULT_DATA_ROOT = "../shared/data"
+SHIPPED_DATA = REPO_ROOT / "data"
+"""The data the repository ships (the Azure LLM inference 2023 traces), laid out like a data folder."""
 
 
 def resolve_path(path: str | os.PathLike[str]) -> Path:
@@ -38,6 +40,17 @@ def data_root(path: str | os.PathLike[str] | None = None) -> Path:
     if path is None:
         path = os.environ.get(DATA_ENV_VAR, DEFAULT_DATA_ROOT)
     return resolve_path(path)
+
+
+def data_file(relative: str | os.PathLike[str], path: str | os.PathLike[str] | None = None) -> Path:
+    """``relative`` under the data folder, else the repository's shipped copy, else the data-folder path.
+
+    So the shipped Azure traces work on a clone with nothing beside it, and a data folder that
+    holds them too (or a newer copy) takes precedence.
+    """
+    wanted = data_root(path) / relative
+    shipped = SHIPPED_DATA / relative
+    return shipped if not wanted.exists() and shipped.exists() else wanted
 
 
 def require_own_packages() -> None:

@@ -35,7 +35,8 @@ import torch
 from calibration.iterations import Composition
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli, load_options
-from chunkgym.io import atomic_path
+from chunkgym.io import atomic_path, atomic_write_text
+from chunkgym.progress import Progress
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
 from engine.runner import ModelRunner
@@ -141,11 +142,26 @@ def warm_up(runner: ModelRunner) -> None:
                 runner.execute(items)
 
 
-def run_engine(conf: ReplayConfig, policy: str, trace: Trace, model: LlamaModel) -> EngineResult:
+class ProgressClock(WallClock):
+    """The engine's wall clock, saying how far into the trace the replay is every few seconds
+    (a replay runs in real time, minutes on a CPU)."""
+
+    def __init__(self, idle: str, progress: Progress) -> None:
+        super().__init__(idle)
+        self.progress = progress
+
+    def now(self) -> float:
+        t = super().now()
+        self.progress.update(int(t), "s of the trace served in real time")
+        return t
+
+
+def run_engine(conf: ReplayConfig, policy: str, trace: Trace, model: LlamaModel, log=print) -> EngineResult:
     """Serve ``trace`` with ``policy`` on ``model`` in real time, on ``conf.threads`` torch threads."""
     torch.set_num_threads(conf.threads)
     setup = run_spec(conf, policy).setup.build()
-    engine = Engine(trace, setup, model, seed=conf.prompt_seed, clock=WallClock(conf.idle))
+    progress = Progress(f"{policy} [engine]", round(trace.span_s), say=log)
+    engine = Engine(trace, setup, model, seed=conf.prompt_seed, clock=ProgressClock(conf.idle, progress))
     warm_up(engine.runner)
     gc.collect()
     return engine.run(make_policy(policy))
@@ -222,12 +238,19 @@ class Replay:
 
 
 def check(conf: ReplayConfig) -> Trace:
-    """Resolve every name (policies, workload, model, hardware, SLO) up front; the slice to replay."""
+    """Resolve every name (policies, workload, model, hardware, SLO) up front; the slice to replay,
+    which must hold requests (an empty one would report NaN for every metric)."""
     for name in conf.policies:
         make_policy(name)
     load_model(conf.model)
     load_hardware(conf.hardware)
-    return replay_trace(conf)
+    trace = replay_trace(conf)
+    if not len(trace):
+        raise ValueError(
+            f"workload {conf.workload!r}'s test window for seed {conf.seed} (window_s={conf.window_s}, "
+            f"load {conf.load_scale:g}) holds no requests; pick another seed, a longer window_s or a higher load_scale"
+        )
+    return trace
 
 
 def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Replay:
@@ -237,9 +260,10 @@ def replay(conf: ReplayConfig, model: LlamaModel | None = None, log=print) -> Re
     for policy in conf.policies:
         for backend in conf.backends:
             start = time.perf_counter()
+            log(f"{policy} [{backend}]: serving {len(trace)} requests over {trace.span_s:.0f} s of trace")
             if backend == "engine":
                 model = model or build(conf)
-                result = run_engine(conf, policy, trace, model).result
+                result = run_engine(conf, policy, trace, model, log).result
             else:
                 result = run_sim(conf, policy, trace)
             results[(policy, backend)] = result
@@ -275,9 +299,12 @@ def main(conf: ReplayConfig) -> Path:
         f"replaying {workload_label(conf)} seed {conf.seed} at load {conf.load_scale:g} -> {directory}",
         flush=True,
     )
-    out = replay(conf)
+    try:
+        out = replay(conf, log=lambda line: print(line, flush=True))
+    except ValueError as exc:  # an unknown name or an empty window: nothing was run
+        raise SystemExit(f"python -m engine.replay: error: {exc}") from exc
     write(out, directory)
-    (directory / "config.json").write_text(json.dumps(dataclasses.asdict(conf), indent=1) + "\n")
+    atomic_write_text(directory / "config.json", json.dumps(dataclasses.asdict(conf), indent=1) + "\n")
     print(f"wrote {len(out.rows)} rows to {directory / 'results.csv'}")
     return directory
 

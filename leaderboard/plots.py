@@ -1,10 +1,13 @@
 """The leaderboard's PNG plots (matplotlib, no display needed).
 
-* goodput and SLO attainment against load, per workload;
+* goodput and SLO attainment against load, per workload: the policies a reader compares
+  (:data:`HIGHLIGHT` and the best other heuristic) drawn strong with 95% bands, the rest faint;
 * CDFs of the pooled token gaps (TBT), per workload and load;
 * the stall picture: one streaming request's token gaps while a long prompt is prefilled,
   FCFS beside Sarathi (:func:`find_stall` picks the pair);
 * per-iteration batch composition (prefill vs decode tokens) over the same stretch of time.
+
+Every figure's title names the workload, load and seed it shows and the setup (:func:`setup_label`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from envs.serving.metrics import SLO  # noqa: E402
 
 EMPHASIS = ("fcfs", "sarathi_512")
 """Policies drawn thicker: the stall chunked prefill removes, and its standard fix."""
+HIGHLIGHT = {"fcfs": "tab:red", "adaptive_srpf": "tab:green", "learned": "tab:blue"}
+"""Always drawn strong in the goodput plot: no chunking, the best adaptive heuristic, the learned policy."""
+BEST_COLOR = "tab:orange"
+"""The best heuristic outside :data:`HIGHLIGHT` (highest mean goodput over the workload's loads)."""
 LONGEST_CANDIDATES = 20
 """Longest prompts tried, longest first, when looking for one prefilled while another request streams."""
 
@@ -46,26 +53,83 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def goodput_vs_load(ranked: pd.DataFrame, path: Path) -> Path:
-    """Goodput (with 95% CIs over seeds) and SLO attainment against load scale; one column per workload."""
+def setup_label(rows: pd.DataFrame, with_seeds: bool = True) -> str:
+    """Model, hardware, SLO (with its bounds), cost model and (``with_seeds``) seeds of results ``rows``."""
+    r = rows.iloc[0]
+    label = (
+        f"{r['model']} on {int(r['tp'])} x {r['hardware']}, SLO {r['slo']} (TPOT <= {1e3 * r['slo_tpot_s']:.0f} ms, "
+        f"stall <= {r['slo_stall_s']:.2f} s), {r['cost_model']} cost model"
+    )
+    seeds = ", ".join(str(int(s)) for s in sorted(rows["seed"].unique()))
+    return f"{label}, seeds {seeds}" if with_seeds else label
+
+
+def _best_heuristic(sub: pd.DataFrame) -> str | None:
+    """The policy outside HIGHLIGHT and the learned ones with the highest goodput summed over loads."""
+    others = sub[~sub["policy"].isin(list(HIGHLIGHT)) & ~sub["policy"].str.startswith("learned")]
+    if others.empty:
+        return None
+    return str(others.groupby("policy")["goodput_mean"].sum().idxmax())
+
+
+def _legend_key(label: str, best: str | None) -> str | None:
+    """The policy a goodput-plot label stands for (None for the faint ones)."""
+    policy = label.removesuffix(" (best other heuristic)")
+    return policy if policy in HIGHLIGHT or policy == best else None
+
+
+def goodput_vs_load(ranked: pd.DataFrame, setup: str, path: Path) -> Path:
+    """:func:`goodput_figure` saved to ``path``."""
+    return _save(goodput_figure(ranked, setup), path)
+
+
+def goodput_figure(ranked: pd.DataFrame, setup: str) -> plt.Figure:
+    """Goodput (95% band over seeds, clipped at 0) and SLO attainment against load; a column per workload.
+
+    Strong: :data:`HIGHLIGHT` and the best other heuristic per workload; every other policy faint grey.
+    """
     workloads = list(dict.fromkeys(ranked["workload"]))
-    styles = _styles(ranked["policy"])
     fig, axes = plt.subplots(
         2,
         len(workloads),
-        figsize=(4.5 * len(workloads), 7),
+        figsize=(4.5 * len(workloads), 7.8),
         squeeze=False,
         sharex="col",
         layout="constrained",
     )
     for j, wl in enumerate(workloads):
         sub = ranked[ranked["workload"] == wl]
+        best = _best_heuristic(sub)
+        strong = {**HIGHLIGHT, **({best: BEST_COLOR} if best else {})}
+        faint_label = "other policies"
         for policy, g in sub.groupby("policy", sort=False):
             g = g.sort_values("load_scale")
-            kw = {**styles[policy], "marker": "o", "ms": 3, "label": policy}
-            axes[0, j].errorbar(g["load_scale"], g["goodput_mean"], yerr=g["goodput_ci95"], capsize=2, **kw)
-            axes[1, j].plot(g["load_scale"], g["slo_attainment_mean"], **kw)
-        axes[0, j].set_title(wl)
+            x, mean = g["load_scale"], g["goodput_mean"]
+            if policy in strong:
+                label = f"{policy} (best other heuristic)" if policy == best else policy
+                kw = {"color": strong[policy], "lw": 2.2, "marker": "o", "ms": 4, "label": label, "zorder": 3}
+                half = g["goodput_ci95"].fillna(0.0)
+                axes[0, j].fill_between(
+                    x, np.maximum(mean - half, 0.0), mean + half, color=strong[policy], alpha=0.12, lw=0
+                )
+            else:
+                kw = {"color": "0.6", "lw": 0.9, "alpha": 0.45, "label": faint_label, "zorder": 1}
+                faint_label = "_nolegend_"
+            axes[0, j].plot(x, mean, **kw)
+            axes[1, j].plot(x, g["slo_attainment_mean"], **kw)
+        axes[0, j].set_ylim(bottom=0.0)
+        axes[0, j].set_title(f"{wl} (test split)")
+        order = [*HIGHLIGHT, best, None]  # a fixed order in every column; None: the faint ones
+        handles = dict(zip(*reversed(axes[1, j].get_legend_handles_labels()), strict=True))
+        labels = sorted(handles, key=lambda lab: order.index(_legend_key(lab, best)))
+        axes[1, j].legend(
+            [handles[lab] for lab in labels],
+            labels,
+            fontsize=7,
+            ncol=2,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+        )
         axes[0, j].set_ylabel("goodput (req/s)")
         axes[1, j].set_ylabel("SLO attainment")
         axes[1, j].set_ylim(-0.02, 1.02)
@@ -75,8 +139,8 @@ def goodput_vs_load(ranked: pd.DataFrame, path: Path) -> Path:
             loads = sorted(sub["load_scale"].unique())
             ax.set_xticks(loads, labels=[f"{x:g}x" for x in loads])
             ax.grid(alpha=0.3)
-    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
-    return _save(fig, path)
+    fig.suptitle(f"Goodput and SLO attainment vs load: mean over seeds, band = 95% CI\n{setup}", fontsize=10)
+    return fig
 
 
 def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndarray, path: Path) -> Path:
@@ -111,6 +175,9 @@ def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndar
     for ax in axes[-1]:
         ax.set_xlabel("token gap (s); dashed: TPOT bound, dotted: stall bound", fontsize=8)
     axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    fig.suptitle(
+        f"CDF of every token gap, one window per panel\n{setup_label(rows, with_seeds=False)}", fontsize=10
+    )
     return _save(fig, path)
 
 
@@ -188,9 +255,11 @@ def timeline(results: Mapping[str, SimResult], stall: Stall, slo: SLO, title: st
     return _save(fig, path)
 
 
-def batch_composition(results: Mapping[str, SimResult], span: tuple[float, float], path: Path) -> Path:
+def batch_composition(
+    results: Mapping[str, SimResult], span: tuple[float, float], title: str, path: Path
+) -> Path:
     """Stacked decode and prefill tokens of every iteration starting within ``span`` (seconds),
-    on a scale linear up to 32 tokens and logarithmic above."""
+    on a scale linear up to 32 tokens and logarithmic above; ``title`` names the window and setup."""
     fig, axes = plt.subplots(
         len(results), 1, figsize=(10, 2.6 * len(results)), squeeze=False, sharex=True, layout="constrained"
     )
@@ -214,4 +283,5 @@ def batch_composition(results: Mapping[str, SimResult], span: tuple[float, float
     axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("time (s)")
     axes[-1, 0].set_xlim(*span)
+    fig.suptitle(f"Tokens per iteration: {title}", fontsize=10)
     return _save(fig, path)

@@ -28,6 +28,7 @@ rollouts (so PPO's first advantages are not noise).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,9 +37,12 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from baselines import Sarathi
+from chunkgym.progress import Progress
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.serving.scheduling import Policy
 from policies.registry import check_policy_name, make_policy
+
+log = logging.getLogger(__name__)
 
 
 def teacher_labels(masks: np.ndarray, level: int, rule: int) -> np.ndarray:
@@ -121,7 +125,10 @@ def collect(
     else:
         acting = [_Acting(e, (level, rule)) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
-    for _ in range(-(-steps // n)):
+    rounds = -(-steps // n)
+    progress = Progress(f"behaviour cloning ({teacher}): teacher rollout", rounds * n, say=log.info)
+    for t in range(rounds):
+        progress.update(t * n, "env steps")
         masks = np.stack(venv.env_method("action_masks"))
         actions = np.stack([acting[i].label(masks[i]) for i in range(n)])
         rows["obs"].append(obs)
@@ -133,6 +140,7 @@ def collect(
         if teacher == "window_best":
             for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
                 acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates))
+    progress.finish(rounds * n, "env steps")
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)
     running = np.zeros(n)
@@ -156,7 +164,9 @@ def clone(
     returns = torch.as_tensor(data["returns"], dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     n = len(obs)
-    for _ in range(epochs):
+    progress = Progress("behaviour cloning: fit", epochs, say=log.info)
+    for epoch in range(epochs):
+        progress.update(epoch, f"epochs on {n} samples")
         for idx in torch.randperm(n, generator=gen).split(batch_size):
             kw = {"action_masks": masks[idx.numpy()]} if masked else {}
             values, log_prob, _ = policy.evaluate_actions(obs[idx], actions[idx], **kw)
@@ -165,6 +175,7 @@ def clone(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), model.max_grad_norm)
             policy.optimizer.step()
+    progress.finish(epochs, f"epochs on {n} samples")
     policy.set_training_mode(False)
     with torch.no_grad():
         kw = {"action_masks": masks} if masked else {}

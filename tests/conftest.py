@@ -1,4 +1,9 @@
-"""Shared test setup: chunkgym's own packages must be the ones imported."""
+"""Shared test setup: chunkgym's own packages must be the ones imported; tests that need data skip without it.
+
+Mark a test (or a module, via ``pytestmark``) ``@pytest.mark.needs_data("mooncake", ...)`` with the
+``data/sources.json`` names it reads: it is skipped, with a reason naming the missing source and the
+fetch command, unless every file of those sources is in the data folder (or shipped in ``data/``).
+"""
 
 import os
 
@@ -6,9 +11,28 @@ import pytest
 import torch
 
 import chunkgym
+from chunkgym.data import FETCH_COMMAND, load_sources
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 chunkgym.require_own_packages()
+
+SOURCES = {s.name: s for s in load_sources()}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_data(*sources): skip unless these data sources are present")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    names = [name for mark in item.iter_markers("needs_data") for name in mark.args]
+    unknown = sorted(set(names) - set(SOURCES))
+    if unknown:
+        pytest.fail(f"needs_data: unknown source(s) {unknown}; valid: {', '.join(sorted(SOURCES))}")
+    missing = [
+        n for n in dict.fromkeys(names) if not all(chunkgym.data_file(p).exists() for p in SOURCES[n].paths())
+    ]
+    if missing:
+        pytest.skip(f"needs data {', '.join(missing)} under {chunkgym.data_root()}: run `{FETCH_COMMAND}`")
 
 
 @pytest.fixture(scope="module")

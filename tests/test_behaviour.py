@@ -7,14 +7,11 @@ Llama-2-7B on one H100 with the calibrated cost model.
 import numpy as np
 import pytest
 
-import chunkgym
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.registry import make_policy
 
-pytestmark = pytest.mark.skipif(
-    not (chunkgym.data_root() / "traces" / "azure_llm_2023").is_dir(), reason="trace data folder absent"
-)
+pytestmark = pytest.mark.needs_data("azure_llm_2023")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Calibration against the real tables: the fidelity gates, the anomalies, the committed files.
 
-Skipped when the data root (``CHUNKGYM_DATA`` or ../shared/data) is absent.
+Skipped unless the GPU profiles are in the data root (``python -m chunkgym.data fetch``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from envs.serving.cost_model import COST_DIR, load_cost_model
 from envs.serving.specs import load_hardware, load_model
 
 DATA = chunkgym.data_root()
-pytestmark = pytest.mark.skipif(
-    not (DATA / "profiles").is_dir(), reason=f"data root {DATA} absent (set CHUNKGYM_DATA to the data folder)"
-)
+pytestmark = pytest.mark.needs_data("vidur_profiles", "splitwise_profiles")
 
 
 @pytest.fixture(scope="module")

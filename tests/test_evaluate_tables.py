@@ -9,6 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envs.serving.metrics import VLLM_COLUMNS
 from leaderboard.tables import markdown, mean_ci, ranking, read_rows, write_csv, write_json
 from leaderboard.validate import compare, same
 
@@ -153,3 +154,11 @@ def test_markdown_has_one_table_per_workload_and_load() -> None:
         "## b (test split), load 4x",
     ]
     assert "| 1 | sarathi_512 | 2.5 ± " in board
+
+
+def test_a_results_file_from_before_the_vllm_columns_still_validates() -> None:
+    old = {"a": "1.5", "goodput_rps": "2.0"}
+    fresh = {"a": 1.5, "goodput_rps": 2.0, **dict.fromkeys(VLLM_COLUMNS, 7.0)}
+    assert compare(old, fresh, "row 1 (p)") == []
+    changed = compare({**old, "ttft_ms_p99": "6.0"}, fresh, "row 1 (p)")  # compared where the file has it
+    assert changed == ["row 1 (p), column ttft_ms_p99: expected '6.0', got 7.0"]

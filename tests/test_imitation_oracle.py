@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -58,8 +60,9 @@ def test_best_teacher_is_the_candidate_with_the_highest_attainment(venv):
     assert chosen == next(c for c in candidates if attain[c] == max(attain.values())), "ties: the first"
 
 
-def test_collect_follows_the_masks_and_clone_learns_the_teacher(venv):
+def test_collect_follows_the_masks_and_clone_learns_the_teacher(venv, caplog):
     torch.manual_seed(0)
+    caplog.set_level(logging.INFO, logger="policies.imitation")
     data = collect(venv, "constant", level=3, rule=1, steps=600, gamma=0.99)
     n = len(data["obs"])
     assert n >= 600 and data["masks"].shape == (n, NUM_LEVELS + 4) and data["returns"].shape == (n,)
@@ -73,6 +76,9 @@ def test_collect_follows_the_masks_and_clone_learns_the_teacher(venv):
     after = clone(model, data, epochs=40, batch_size=64, masked=True)
     assert after["samples"] == n
     assert after["agreement"] >= 0.95 > before, (before, after)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("behaviour cloning (constant): teacher rollout: 0/")  # progress from the start
+    assert any(m.startswith(f"behaviour cloning: fit: 40/40 epochs on {n} samples") for m in said)
 
 
 def test_a_heuristic_teacher_is_labelled_with_the_action_that_gives_its_plan(venv):

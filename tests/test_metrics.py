@@ -124,3 +124,23 @@ def test_capacity_search_brackets_the_boundary(boundary):
 def test_capacity_search_reports_zero_when_lowest_load_fails():
     res = capacity_search(lambda s: False, min_scale=1 / 8)
     assert res.scale == 0.0 and res.bracket[0] == 0.0
+
+
+def test_vllm_named_metrics_by_hand():
+    s = request_summary(three_requests(), span_s=2.0)
+    # TTFT 0.5, 1.4, 0.6 s; E2EL: 1.0 - 0.0, 1.5 - 0.1, 0.9 - 0.2
+    assert s["ttft_ms_mean"] == pytest.approx(2500 / 3)
+    assert s["ttft_ms_median"] == pytest.approx(600.0)
+    assert s["ttft_ms_std"] == pytest.approx(np.std([500.0, 1400.0, 600.0]))
+    assert s["e2el_ms_mean"] == pytest.approx((1000 + 1400 + 700) / 3)
+    assert s["e2el_ms_p99"] == pytest.approx(1000 + 0.98 * 400)
+    assert s["tpot_ms_median"] == pytest.approx(1e3 * (0.5 / 3 + 0.05) / 2)  # multi-token outputs only
+    assert s["itl_ms_mean"] == pytest.approx(1e3 * (0.05 + 0.05 + 0.1 + 0.1 + 0.3) / 5)
+    assert s["itl_ms_p99"] == pytest.approx(1e3 * s["tbt_p99_s"])
+    # the last token (1.5 s) comes before the window ends (2 s): the duration is the window
+    assert s["duration_s"] == 2.0 and s["request_throughput"] == pytest.approx(1.5)
+    assert s["request_goodput"] == pytest.approx(s["goodput_rps"]) and s[
+        "output_throughput"
+    ] == pytest.approx(4.0)
+    late = request_summary(three_requests(), span_s=1.0)  # now the last token ends the run
+    assert late["duration_s"] == pytest.approx(1.5) and late["request_goodput"] == pytest.approx(2 / 1.5)

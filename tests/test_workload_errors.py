@@ -161,8 +161,9 @@ def test_empty_file_is_an_error(tmp_path):
 
 
 def test_missing_data_falls_back_to_synthetic_only_when_allowed(tmp_path):
+    # a file neither the data root nor the repository's shipped data/ holds
     spec = dict(
-        name="azure_conv", format="azure", path="traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+        name="azure_other", format="azure", path="traces/azure_llm_2023/AzureLLMInferenceTrace_other.csv"
     )
     with pytest.raises(TraceError, match="allow_synthetic"):
         Workload(WorkloadSpec(**spec), data_root=tmp_path)

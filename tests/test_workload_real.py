@@ -1,6 +1,6 @@
 """Workloads on the real traces: row counts, splits, windows, load scaling, jitter, speed.
 
-Skipped when the data root (``CHUNKGYM_DATA`` or ../shared/data) is absent.
+Skipped unless every trace is in the data root (``python -m chunkgym.data fetch``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from envs.serving.workload import Workload, load_workload, workload_names
 from envs.serving.workloads import files
 
 DATA = chunkgym.data_root()
-pytestmark = pytest.mark.skipif(
-    not (DATA / "traces").is_dir(), reason=f"data root {DATA} absent (set CHUNKGYM_DATA to the data folder)"
+pytestmark = pytest.mark.needs_data(
+    "azure_llm_2023", "mooncake", "sharegpt_lengths", "arxiv_lengths", "servegen"
 )
 
 # Row counts from /work/shared/data/README.md: every file row must become a request.

@@ -17,9 +17,7 @@ from envs.serving.workload import TraceError, Workload, WorkloadSpec, load_workl
 from envs.serving.workloads.servegen import load_day
 
 ARCHIVE = chunkgym.data_root() / "traces/servegen/servegen_reason_deepseek-r1.tar.gz"
-needs_archive = pytest.mark.skipif(
-    not ARCHIVE.is_file(), reason=f"{ARCHIVE} absent (set CHUNKGYM_DATA to the data folder)"
-)
+needs_archive = pytest.mark.needs_data("servegen")
 
 
 def read_trace_rows(path) -> dict[int, list[list[str]]]:

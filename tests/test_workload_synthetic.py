@@ -9,10 +9,10 @@ import chunkgym
 from envs.serving.workload import Workload, WorkloadSpec, load_workload
 from envs.serving.workloads import synthetic
 
-AZURE_CONV = chunkgym.data_root() / synthetic.AZURE_CONV_PATH
+AZURE_CONV = chunkgym.data_file(synthetic.AZURE_CONV_PATH)
 
 
-@pytest.mark.skipif(not AZURE_CONV.is_file(), reason=f"{AZURE_CONV} absent (set CHUNKGYM_DATA)")
+@pytest.mark.needs_data("azure_llm_2023")
 def test_stored_fit_is_what_refitting_gives():
     assert synthetic.fit(AZURE_CONV) == synthetic.AZURE_CONV_FIT
 

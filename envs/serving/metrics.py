@@ -121,6 +121,7 @@ class RequestOutcomes:
     gaps: list[np.ndarray] = field(repr=False)  # every request's token gaps (empty if none)
     prefix_hit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     preemptions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    e2el: np.ndarray = field(default_factory=lambda: np.zeros(0))  # last token - arrival; NaN if unfinished
 
     @classmethod
     def from_token_times(
@@ -148,10 +149,11 @@ class RequestOutcomes:
         flat = np.concatenate([t for t in token_times if t is not None and len(t)] or [np.empty(0)])
         stops = np.cumsum(lens)
         starts = stops - lens
-        ttft, tpot, stall, delay = (np.full(n, np.nan) for _ in range(4))
+        ttft, tpot, stall, delay, e2el = (np.full(n, np.nan) for _ in range(5))
         fin = np.flatnonzero(finished)
         first, last = flat[starts[fin]], flat[stops[fin] - 1]
         ttft[fin] = first - arrival_a[fin]
+        e2el[fin] = last - arrival_a[fin]
         many = lens[fin] > 1
         tpot[fin] = np.where(many, (last - first) / np.maximum(lens[fin] - 1, 1), 0.0)
         diffs = np.diff(flat)
@@ -176,6 +178,7 @@ class RequestOutcomes:
             gaps=gaps,
             prefix_hit=np.asarray(prefix_hit if prefix_hit is not None else np.zeros(n), dtype=np.int64),
             preemptions=np.asarray(preemptions if preemptions is not None else np.zeros(n), dtype=np.int64),
+            e2el=e2el,
         )
 
     def subset(self, mask: np.ndarray) -> RequestOutcomes:
@@ -195,6 +198,7 @@ class RequestOutcomes:
             gaps=[self.gaps[i] for i in idx],
             prefix_hit=self.prefix_hit[idx],
             preemptions=self.preemptions[idx],
+            e2el=self.e2el[idx],
         )
 
 
@@ -232,6 +236,57 @@ def request_summary(out: RequestOutcomes, span_s: float) -> dict[str, float]:
         "max_sched_delay_s": float(np.nanmax(out.sched_delay)) if fin.any() else math.nan,
         "preemptions": int(out.preemptions.sum()),
         "prefix_hit_rate": float(out.prefix_hit.sum() / out.prompt_len.sum()) if n else math.nan,
+        **vllm_summary(out, span_s),
+    }
+
+
+VLLM_STATS = ("mean", "median", "std", "p99")
+VLLM_COLUMNS = (
+    *(f"{m}_ms_{stat}" for m in ("ttft", "tpot", "itl", "e2el") for stat in VLLM_STATS),
+    "duration_s",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+)
+"""The columns named as ``vllm bench serve`` reports them (added to every results row)."""
+
+
+def _ms_stats(name: str, seconds: np.ndarray) -> dict[str, float]:
+    values = seconds[~np.isnan(seconds)] * 1e3
+    if not len(values):
+        return {f"{name}_ms_{stat}": math.nan for stat in VLLM_STATS}
+    return {
+        f"{name}_ms_mean": float(np.mean(values)),
+        f"{name}_ms_median": float(np.median(values)),
+        f"{name}_ms_std": float(np.std(values)),
+        f"{name}_ms_p99": float(np.percentile(values, 99)),
+    }
+
+
+def vllm_summary(out: RequestOutcomes, span_s: float) -> dict[str, float]:
+    """``vllm bench serve``'s metrics under its names and units, so results compare line by line.
+
+    TTFT, TPOT (multi-token outputs) and E2EL (last token - arrival) over finished requests, ITL over
+    every token gap pooled (this module's TBT), in ms: mean, median, std (population, as numpy's
+    default) and P99. vLLM divides by the benchmark's duration, from the first send to the last
+    response: here ``duration_s`` = the later of the arrival window's end and the last token.
+    ``request_goodput`` counts requests meeting this run's SLO (vLLM's ``--goodput`` bounds are the
+    user's); ``goodput_rps`` divides the same count by the arrival window alone.
+    """
+    fin = out.finished
+    gaps = np.concatenate(out.gaps) if out.gaps else np.empty(0)
+    last = float(np.max(out.arrival[fin] + out.e2el[fin])) if fin.any() else 0.0
+    duration = max(span_s, last)
+    per = (lambda k: k / duration) if duration > 0 else (lambda k: math.nan)
+    return {
+        **_ms_stats("ttft", out.ttft[fin]),
+        **_ms_stats("tpot", out.tpot[fin & (out.output_len > 1)]),
+        **_ms_stats("itl", gaps.astype(np.float64)),
+        **_ms_stats("e2el", out.e2el[fin]),
+        "duration_s": duration,
+        "request_throughput": per(int(fin.sum())),
+        "request_goodput": per(int(out.good.sum())),
+        "output_throughput": per(int(out.output_len[fin].sum())),
     }
 
 

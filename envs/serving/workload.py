@@ -12,6 +12,7 @@ arrays, bit for bit. Run ``python -m envs.serving.workload [names=[...]] [split=
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -23,6 +24,7 @@ import yaml
 import chunkgym
 from chunkgym.cli import hydra_cli
 from chunkgym.config import from_mapping
+from chunkgym.data import FETCH_COMMAND
 from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
 from envs.serving.workloads.files import link_problem, read_rows, sniff_format
@@ -35,6 +37,7 @@ from envs.serving.workloads.trace import SPLITS, Source, Trace, TraceError
 
 __all__ = ["SPLITS", "Trace", "TraceError", "Workload", "WorkloadSpec", "load_workload", "workload_names"]
 
+log = logging.getLogger(__name__)
 WORKLOAD_DIR = CONF_DIR / "workload"
 FILE_PREFIX = "file:"
 DEFAULT_FILE_RATE = 4.0
@@ -87,6 +90,13 @@ class Workload:
         spec = WorkloadSpec(name=f"{FILE_PREFIX}{path}", format=fmt, path=str(resolved), **extra)
         return cls(spec, data_root)
 
+    @property
+    def seeded_arrivals(self) -> bool:
+        """Whether ``split(..., seed)`` depends on the seed: generated arrivals (length-only files,
+        ServeGen) or slot jitter. A timed file's own rows (Azure, unjittered Mooncake) do not, so a
+        ``file:`` trace used whole gives the same run for every seed."""
+        return self.spec.format in ("lengths", "servegen") or self.spec.slot_jitter_s > 0
+
     def split(self, split: str, seed: int = 0, load_scale: float = 1.0) -> Trace:
         """The whole ``split`` ("train", "val", "test" or "all")."""
         return self._scaled(self._source.extract(split, check_seed(seed), None), load_scale)
@@ -97,7 +107,16 @@ class Workload:
         window_s = self.spec.window_s if window_s is None else float(window_s)
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
-        return self._scaled(self._source.extract(split, check_seed(seed), window_s), load_scale)
+        trace = self._scaled(self._source.extract(split, check_seed(seed), window_s), load_scale)
+        if not len(trace):  # its metrics would all be NaN: say so where it happens
+            log.warning(
+                "workload %r: the %s window for seed %d (window_s %g) holds no requests",
+                self.spec.name,
+                split,
+                seed,
+                window_s,
+            )
+        return trace
 
     def _scaled(self, trace: Trace, load_scale: float) -> Trace:
         if not (load_scale > 0 and math.isfinite(load_scale)):
@@ -112,7 +131,9 @@ class Workload:
 
 def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
     p = Path(path).expanduser()
-    tried = [p] if p.is_absolute() else [Path.cwd() / p, chunkgym.data_root(root) / p]
+    tried = (
+        [p] if p.is_absolute() else [Path.cwd() / p, chunkgym.data_root(root) / p, chunkgym.SHIPPED_DATA / p]
+    )
     for candidate in tried:
         if candidate.exists():
             return candidate.resolve()
@@ -127,15 +148,15 @@ def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Sou
         return _synthetic(spec, spec.base_rate or None)
     base = chunkgym.data_root(root)
     path = Path(spec.path).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = path if path.is_absolute() else chunkgym.data_file(path, root)
     if not path.exists():
         if spec.allow_synthetic:
             return _synthetic(spec, None)
         raise TraceError(
             path,
-            f"data file of workload {spec.name!r} not found (data root {base}). Point {chunkgym.DATA_ENV_VAR} "
-            f"or data_root at the data folder, or set allow_synthetic: true to use the synthetic "
-            f"stand-in fitted on Azure conv",
+            f"data file of workload {spec.name!r} not found (data root {base}). Run `{FETCH_COMMAND}` "
+            f"(or `{FETCH_COMMAND} --from DIR` from a local copy), point {chunkgym.DATA_ENV_VAR} or data_root "
+            f"at the data folder, or set allow_synthetic: true to use the synthetic stand-in fitted on Azure conv",
         )
     source = f"file:{path}"
     if spec.format == "servegen":

@@ -5,7 +5,7 @@ lengths are drawn independently through piecewise-linear inverse CDFs that pass 
 trace's quantiles at :data:`QUANTILES` (their Spearman correlation in the trace is 0.07, so
 independence loses little). :data:`AZURE_CONV_FIT` holds the fitted numbers; refit and print
 them with ``python -m envs.serving.workloads.synthetic [path=path/to/AzureLLMInferenceTrace_conv.csv]``
-(default: the file under the data root); ``tests/test_workload_synthetic.py`` checks they agree.
+(default: the file under the data root, else the copy shipped in ``data/``); ``tests/test_workload_synthetic.py`` checks they agree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkgym import data_root
+from chunkgym import data_file
 from chunkgym.cli import hydra_cli
 from envs.serving.workloads.files import Rows, read_rows
 from envs.serving.workloads.renewal import Renewal, rng_for
@@ -89,12 +89,12 @@ def generate(params: SyntheticFit, rate: float | None = None, seed: int = 0) -> 
 class RefitOptions:
     """``python -m envs.serving.workloads.synthetic [path=PATH]``: refit on an Azure-format trace."""
 
-    path: str | None = None  # null: the Azure conv trace under the data root
+    path: str | None = None  # null: the Azure conv trace under the data root, else the shipped copy
 
 
 @hydra_cli(RefitOptions, "synthetic_refit")
 def main(opts: RefitOptions) -> None:
-    print(repr(fit(Path(opts.path) if opts.path else data_root() / AZURE_CONV_PATH)))
+    print(repr(fit(Path(opts.path) if opts.path else data_file(AZURE_CONV_PATH))))
 
 
 if __name__ == "__main__":
