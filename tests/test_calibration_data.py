@@ -28,6 +28,7 @@ def cal() -> Calibration:
     return calibrate(DATA)
 
 
+@pytest.mark.slow
 def test_fidelity_gates(cal: Calibration) -> None:
     s = summary(cal)
     assert s["per_layer_mape_max"] <= 0.05
@@ -83,6 +84,7 @@ def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Pat
     assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"
 
 
+@pytest.mark.slow
 def test_cli_writes_files_and_report(tmp_path: Path) -> None:
     args = [f"data_root={DATA}", f"out={tmp_path / 'cost'}", f"report={tmp_path / 'report'}"]
     cmd = [

@@ -35,6 +35,7 @@ def test_measure_reports_cost_model_arguments():
     assert all(0 < r["min_s"] <= r["median_s"] and r["repeats"] == 3 for r in rows)
 
 
+@pytest.mark.slow
 def test_cli_writes_one_row_per_default_composition(tmp_path):
     out = tmp_path / "tiny.csv"
     args = ["preset=tiny", "threads=1", "repeats=1", "warmup=0", f"csv={out}"]
@@ -69,6 +70,7 @@ def test_bad_composition_is_named(kwargs, match):
 @pytest.mark.parametrize(
     ("override", "named"), [("replay.model=nope", "unknown model 'nope'"), ("repeats=x", "repeats")]
 )
+@pytest.mark.slow
 def test_engine_calibration_names_bad_input_before_profiling(tmp_path, override, named):
     cmd = [sys.executable, "-m", "calibration.from_engine", override, f"out={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -21,6 +21,7 @@ def torch_ops(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=chunkgym.REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_smoke_profile_is_a_fittable_vidur_table(tmp_path: Path) -> None:
     out = tmp_path / "mlp.csv"
     proc = torch_ops("smoke=true", "device=cpu", f"out={out}")
@@ -46,6 +47,7 @@ def test_columns_match_vidur_and_grid_matches_its_token_points() -> None:
 
 
 @pytest.mark.parametrize(("args", "key"), [(["smoke=true"], "out"), (["tp=[one]", "out=x.csv"], "tp")])
+@pytest.mark.slow
 def test_bad_command_line_is_named_before_profiling(args: list[str], key: str) -> None:
     proc = torch_ops(*args)
     assert proc.returncode != 0 and key in proc.stderr

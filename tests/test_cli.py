@@ -79,6 +79,7 @@ def test_spec_files_and_overrides_share_the_type_rules(tmp_path):
         serving_config({"block_sise": 8})
 
 
+@pytest.mark.slow
 def test_every_small_tool_lists_its_options_and_rejects_unknown_keys():
     env = {"PYTHONPATH": str(REPO_ROOT)}
     for tool in ("bench/sim_speed.py", "bench/headroom.py"):

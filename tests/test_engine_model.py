@@ -85,6 +85,7 @@ def test_weights_match_the_pinned_stream():
 
 
 @pytest.mark.parametrize("num_layers", [2, 16])
+@pytest.mark.slow
 def test_activations_and_logits_stay_well_conditioned(num_layers):
     cfg = ModelConfig("deep", num_layers, 128, 4, 2, 256, 1024, 512)
     model = build_model(cfg, seed=1, dtype=torch.float64)

@@ -105,6 +105,7 @@ def _prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.slow
 def test_chunked_prefill_matches_full_forward_float64(seed):
     model = build_model("tiny", seed=seed, dtype=torch.float64)
     rng = random.Random(seed)
@@ -121,6 +122,7 @@ def test_chunked_prefill_matches_full_forward_float64(seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.slow
 def test_mixed_batches_match_full_forward(dtype):
     """Random iterations mixing several sequences' chunks with other sequences' single tokens."""
     for seed in (0, 1):

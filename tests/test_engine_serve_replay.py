@@ -82,6 +82,7 @@ def test_iterations_record_engine_predictions(replayed):
         assert tokens.loc[policy, "decode_tokens"] == sum(outputs) - len(outputs)
 
 
+@pytest.mark.slow
 def test_evaluate_renders_the_leaderboard_of_engine_rows(replayed, tmp_path):
     proc = subprocess.run(
         [sys.executable, "evaluate.py", f"results={replayed / 'results.csv'}", f"output_dir={tmp_path}"],

@@ -71,6 +71,7 @@ def tiny(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, str]:
     return out, proc, trace
 
 
+@pytest.mark.slow
 def test_tiny_evaluation_writes_every_file_with_the_contract_columns(tiny) -> None:
     out, proc, trace = tiny
     rows = read_csv(out / "results.csv")
@@ -125,6 +126,7 @@ def test_sarathi_beats_fcfs_on_the_stall_trace(tiny) -> None:
     assert stall["fcfs"] > float(rows[0]["slo_stall_s"]) > stall["sarathi_512"]
 
 
+@pytest.mark.slow
 def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, tmp_path) -> None:
     out, _, _ = tiny
     ok = evaluate(f"validate={out / 'results.csv'}", "progress=false", f"output_dir={tmp_path / 'v1'}")
@@ -157,6 +159,7 @@ def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, t
         ("split=train", ["split", "'train'", "test, val"]),
     ],
 )
+@pytest.mark.slow
 def test_an_unknown_name_fails_at_once_listing_the_valid_ones(tmp_path, override, expected) -> None:
     proc = evaluate(override, "cost_model=roofline", f"output_dir={tmp_path}")
     assert proc.returncode != 0
@@ -210,6 +213,7 @@ def test_capacity_criteria_searches_only_those_named(tmp_path) -> None:
     assert float(row["capacity_tbt_scale"]) > 0 and float(row["capacity_tbt_rps"]) > 0
 
 
+@pytest.mark.slow
 def test_the_val_split_serves_selection_and_its_rows_validate(tmp_path) -> None:
     common = ["policies=[sarathi_512]", "workloads=[synthetic_azure_conv]", "load_scales=[1.0]", "seeds=[0]"]
     common += ["cost_model=roofline", "window_s=15", "plots=false", "progress=false"]
@@ -249,6 +253,7 @@ def test_the_val_split_serves_selection_and_its_rows_validate(tmp_path) -> None:
         ("model.num_layers=4", "model.num_layers=4: evaluate.py runs the named files of conf/model only"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_value_fails_up_front_in_one_line_naming_key_and_value(tmp_path, override, line) -> None:
     proc = evaluate(override, f"output_dir={tmp_path}")
     assert proc.returncode != 0

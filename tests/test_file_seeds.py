@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import chunkgym
 from envs.serving.workload import load_workload
@@ -40,6 +41,7 @@ def test_only_generated_or_jittered_arrivals_depend_on_the_seed(tmp_path) -> Non
     assert not np.array_equal(generated.split("all", 0).arrival_s, generated.split("all", 1).arrival_s)
 
 
+@pytest.mark.slow
 def test_evaluate_runs_one_seed_of_an_unseeded_file_and_says_so(tmp_path) -> None:
     timed, generated = f"file:{azure_file(tmp_path / 'a.csv')}", f"file:{lengths_file(tmp_path / 'l.csv')}"
     proc = subprocess.run(

@@ -54,6 +54,7 @@ def _flat_optimizer(model) -> dict[str, torch.Tensor]:
     return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items()}
 
 
+@pytest.mark.slow
 def test_round_trip_restores_every_piece_of_training_state(cfg, trained):
     model, directory = trained
     assert sorted(p.name for p in directory.iterdir()) == [

@@ -78,6 +78,7 @@ def test_the_folder_lock_is_exclusive_and_released_on_exit(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_a_second_evaluate_into_the_same_output_dir_fails_at_once(tmp_path):
     out = tmp_path / "out"
     with folder_lock(out, "evaluate.py"):

@@ -154,6 +154,7 @@ def _learning_rates(run_dir) -> dict[int, list[float]]:
     return out
 
 
+@pytest.mark.slow
 def test_tiny_run_then_resume_to_a_larger_total(tmp_path):
     run_dir = tmp_path / "run"
     first = train(*TINY, f"hydra.run.dir={run_dir}")
@@ -211,6 +212,7 @@ def test_evaluation_uses_fixed_val_windows_only():
         assert trace.prompt_len.tolist() != test.prompt_len.tolist()
 
 
+@pytest.mark.slow
 def test_behaviour_cloning_warm_start_with_a_heuristic_teacher(tmp_path):
     """train.py with the shipped recipe's warm start, tiny: clone, evaluate at step 0, then PPO."""
     run_dir = tmp_path / "bc"

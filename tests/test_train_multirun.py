@@ -12,6 +12,7 @@ from policies.exported import load_policy
 from tests.test_train_cli import TINY, train
 
 
+@pytest.mark.slow
 def test_two_job_sweep_with_the_joblib_launcher(tmp_path):
     """Two jobs in parallel, one per env version (so v1 also trains and exports end to end)."""
     sweep = tmp_path / "sweep"

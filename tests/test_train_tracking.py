@@ -9,6 +9,7 @@ from chunkgym.tracking import LoggerConfig, TrackerMode
 from tests.test_train_cli import TINY, train
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_config_and_scalars(tmp_path):
     run_dir = tmp_path / "run"
     out = train(*TINY, "logger.mode=offline", "logger.tags=[unit]", f"hydra.run.dir={run_dir}")
@@ -97,6 +98,7 @@ def _run_record(**fields) -> bytes:
     return pb.RunRecord(**fields).SerializeToString()
 
 
+@pytest.mark.slow
 def test_a_sweep_shares_one_wandb_group_named_after_its_folder(tmp_path):
     sweep = tmp_path / "sweep_20260101-000000"
     out = train(
