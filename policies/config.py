@@ -25,6 +25,7 @@ from envs.serving.metrics import SLOSpec
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
 from envs.serving.workload import WorkloadSpec
+from policies.registry import is_policy_name, policy_names
 
 SCHEMA_NAME = "train_schema"
 
@@ -171,6 +172,13 @@ RULES: dict[str, Rule] = {
     "algo.total_timesteps": AT_LEAST_ONE,
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
     "eval.seeds": NON_EMPTY,
+    "eval.baseline": Rule(
+        is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
+    ),
+    "algo.bc_policies": Rule(
+        lambda names: all(is_policy_name(n) for n in names),
+        "a list of registered policy names or learned:PATH",
+    ),
 }
 """Ranges checked before train.py creates its run folder (types are Hydra's)."""
 

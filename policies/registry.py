@@ -70,11 +70,16 @@ def preset_path(name: str) -> Path | None:
     return POLICY_DIR / f"{name}.yaml" if isinstance(name, str) and name in preset_names() else None
 
 
-def check_policy_name(name: object) -> str:
-    """``name`` if it is a preset, a shipped artefact or ``learned:PATH``; else a ValueError listing them."""
-    if not isinstance(name, str) or not (
+def is_policy_name(name: object) -> bool:
+    """Whether ``name`` is a preset, a shipped artefact or ``learned:PATH`` (the only names accepted)."""
+    return isinstance(name, str) and (
         preset_path(name) is not None or name in shipped_names() or name.startswith(LEARNED_PREFIX)
-    ):
+    )
+
+
+def check_policy_name(name: object) -> str:
+    """``name`` if :func:`is_policy_name`; else a ValueError listing the valid names."""
+    if not is_policy_name(name):
         raise _unknown(name)
     return name
 
