@@ -310,7 +310,7 @@ def roofline_params(
 
 # ---- coefficient files ---------------------------------------------------------------------
 
-COST_FILE_FIELDS: dict[str, type | tuple[type, ...]] = {
+COST_FILE_FIELDS: dict[str, type] = {
     "hardware": str,
     "model": str,
     "tp": int,
