@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,7 +71,7 @@ def schema(cls: type) -> DictConfig:
     OmegaConf makes the nodes of frozen dataclasses (the spec classes) read-only; here
     they stay typed (unknown keys and wrong types still fail) but writable.
     """
-    node = OmegaConf.structured(cls)
+    node: DictConfig = OmegaConf.structured(cls)
     _writable(node, cls)
     return node
 
@@ -143,13 +143,13 @@ def one_line(exc: OmegaConfBaseException) -> str:
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """Keys that a ``+key=value`` override added to a typed node (Hydra lets ``+`` bypass the schema)."""
     kind = OmegaConf.get_type(node)
-    names: Iterable[str] = (
+    names: Container[object] = (
         {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else node.keys()
     )
     out = []
     for key in node.keys():
         if key not in names:
-            out.append(f"{prefix}{key}")
+            out.append(f"{prefix}{key!s}")
         elif not OmegaConf.is_missing(node, key) and OmegaConf.is_dict(node[key]):
-            out += unknown_keys(node[key], f"{prefix}{key}.")
+            out += unknown_keys(node[key], f"{prefix}{key!s}.")
     return out
