@@ -75,7 +75,7 @@ def main(args: Options) -> None:
                     if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
                         continue
                     res = capacity_search(
-                        lambda s, w=workload, k=seed, b=budget, r=rule: (
+                        lambda s, w=workload, k=seed, b=budget, r=rule: (  # type: ignore[misc]  # defaults bind the loop variables; mypy cannot infer such a lambda
                             attainment(setup, w, k, s, b, r) >= 0.9
                         ),
                         rel_tol=args.rel_tol,
