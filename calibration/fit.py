@@ -206,7 +206,7 @@ def holdout_mask(n: int, fraction: float = 0.2, seed: int = 0) -> np.ndarray:
     return mask
 
 
-def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+def mape(predicted: np.ndarray | Sequence[float], measured: np.ndarray | Sequence[float]) -> float:
     """Mean absolute percentage error as a fraction."""
     predicted, measured = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
     return float(np.mean(np.abs(predicted / measured - 1.0)))
