@@ -75,7 +75,7 @@ def main(args: Options) -> None:
                     if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
                         continue
                     res = capacity_search(
-                        lambda s, w=workload, k=seed, b=budget, r=rule: (  # type: ignore[misc]  # defaults bind the loop variables; mypy cannot infer such a lambda
+                        lambda s, w=workload, k=seed, b=budget, r=rule: (  # type: ignore[misc]  # mypy cannot type a lambda with defaults
                             attainment(setup, w, k, s, b, r) >= 0.9
                         ),
                         rel_tol=args.rel_tol,

@@ -16,7 +16,7 @@ import math
 import typing
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -83,7 +83,7 @@ def _writable(node: DictConfig, cls: type) -> None:
         kind = hints[f.name]
         if not (dataclasses.is_dataclass(kind) and isinstance(kind, type)):
             continue
-        if OmegaConf.is_missing(node, f.name) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        if OmegaConf.is_missing(node, f.name) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]  # set on every dataclass, not in its stubs
             node[f.name] = OmegaConf.structured(kind)  # a typed node to merge into, not a read-only one
         if not OmegaConf.is_missing(node, f.name):
             _writable(node[f.name], kind)
@@ -105,7 +105,7 @@ def from_mapping(cls: type[T], data: Any, source: str, rules: Mapping[str, Rule]
     except (TypeError, ValueError) as exc:  # the dataclass's own checks
         raise ConfigError(f"{_at(source)}{exc}") from None
     check(out, rules or {}, source)
-    return out  # type: ignore[return-value]
+    return cast(T, out)  # to_object of a structured node of cls is a cls
 
 
 def to_object(cfg: DictConfig, cls: type[T], source: str, rules: Mapping[str, Rule] | None = None) -> T:
