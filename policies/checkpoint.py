@@ -132,7 +132,7 @@ def write_checkpoint(model: OnPolicyAlgorithm, directory: Path, algo: str) -> No
         tmp / OPTIMIZER_FILE,
     )
     vecnorm = model.get_vec_normalize_env()
-    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (policies.training)"
+    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (training.normalised())"
     norm = NormStats.of(vecnorm)
     save_file(norm.tensors(), tmp / NORM_FILE)
     manifest = {
@@ -298,7 +298,7 @@ def restore(model: OnPolicyAlgorithm, ckpt: Checkpoint) -> None:
             f"statistics of shapes {shapes}, the env observes {model.observation_space.shape}",
         )
     vecnorm = model.get_vec_normalize_env()
-    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (policies.training)"
+    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (training.normalised())"
     try:
         ckpt.norm.apply(vecnorm)
     except ValueError as exc:
@@ -312,7 +312,7 @@ def restore(model: OnPolicyAlgorithm, ckpt: Checkpoint) -> None:
 def _fits(value: Any, current: Any) -> bool:
     """A saved optimizer hyperparameter has the form of the fresh optimizer's (the same ``params``)."""
     if isinstance(current, bool) or current is None or isinstance(current, list):
-        return bool(value == current) if isinstance(current, list) else type(value) is type(current)
+        return value == current if isinstance(current, list) else type(value) is type(current)
     if isinstance(current, int | float):
         return _finite_number(value)
     if isinstance(current, tuple):

@@ -281,7 +281,7 @@ class Evaluator:
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
         vecnorm = model.get_vec_normalize_env()
-        assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (make_venv)"
+        assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (normalised())"
         net = policy_net(model.policy, NormStats.of(vecnorm), self.masked)
         policy = in_memory_policy(net, self.env_id)
         row: dict[str, Any] = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
