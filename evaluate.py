@@ -247,7 +247,10 @@ def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
     images = draw(grid, results, done, ranked, out) if conf.plots else []
     print(board, flush=True)
     tables = {"leaderboard": ranked, **({"capacity": capacity} if capacity is not None else {})}
-    config = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True, enum_to_str=True)
+    config = typing.cast(  # of a structured config: a dict with str keys
+        "dict[str, typing.Any]",
+        OmegaConf.to_container(OmegaConf.structured(conf), resolve=True, enum_to_str=True),
+    )
     upload(conf.logger, config, tables, images, out)
     log.info("evaluated %d rows in %.1f s; files in %s", len(grid.specs), time.perf_counter() - start, out)
 

@@ -85,7 +85,8 @@ def main(dcfg: DictConfig) -> None:
         log.info("resuming %s from step %d to %d", run_dir, start_steps, cfg.algo.total_timesteps)
     elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
-        data = imitation.collect(venv, a.bc_teacher, *a.bc_action, a.bc_steps, a.gamma, a.bc_policies)
+        level, rule = a.bc_action
+        data = imitation.collect(venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies)
         fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, training.is_masked(cfg))
         log.info(
             "behaviour cloning (%s) on %d samples: %.1f%% agreement",
@@ -136,6 +137,7 @@ def main(dcfg: DictConfig) -> None:
 
     # ---- export the best policy ---------------------------------------------------------------
     best = evaluate.best
+    assert best is not None, "the last evaluation above has set it, if no earlier one did"
     provenance = {
         "algo": cfg.algo.name.value,
         "workload": cfg.workload.name,

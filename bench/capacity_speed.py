@@ -22,9 +22,11 @@ import os
 import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import cast
 
 import chunkgym
 from envs.serving.capacity import Capacity, CapacityQuery, measure_capacities
+from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from leaderboard.parallel import default_jobs
@@ -64,7 +66,7 @@ def main() -> None:
     print(f"{'workload':14s} {'policy':14s} {'scale':>10s} {'probes':>6s} {'early':>5s} {'spec':>4s}  same")
     for q, ref, got in zip(queries, baseline, fast, strict=True):
         print(
-            f"{q.workload.spec.name:14s} {q.make_policy.args[0]:14s} {got.scale:10.6f} "
+            f"{q.workload.spec.name:14s} {cast(functools.partial[Policy], q.make_policy).args[0]:14s} {got.scale:10.6f} "
             f"{len(got.probes):6d} {sum(p.decided_early for p in got.probes):5d} {got.speculative:4d}  "
             f"{_same(ref, got)}"
         )

@@ -81,7 +81,7 @@ def main(args: Options) -> None:
                         continue
                     progress.update(len(caps), "capacity searches")
                     res = capacity_search(
-                        lambda s, w=workload, k=seed, b=budget, r=rule: (
+                        lambda s, w=workload, k=seed, b=budget, r=rule: (  # type: ignore[misc]  # mypy cannot type a lambda with defaults
                             attainment(setup, w, k, s, b, r) >= 0.9
                         ),
                         rel_tol=args.rel_tol,

@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
@@ -27,6 +28,7 @@ import chunkgym
 import envs
 from chunkgym.cli import hydra_cli
 from chunkgym.config import AT_LEAST_ONE
+from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.registry import make_policy
@@ -39,7 +41,7 @@ def env_steps_per_s(steps: int, cost_model: str) -> float:
     env = gym.make(envs.ENV_ID_V0, cost_model=cost_model, workload="azure_conv")
     rng = np.random.default_rng(0)
     env.reset(seed=0)
-    mask_of = env.unwrapped.action_masks
+    mask_of = cast(ChunkedPrefillEnv, env.unwrapped).action_masks
     picks = rng.random((steps, 2))
     start = time.perf_counter()
     for i in range(steps):

@@ -113,9 +113,9 @@ class KneeFit:
 def fit_knee_grid(
     x: np.ndarray,
     y: np.ndarray,
-    knees: Sequence[float] | None = None,
+    knees: Sequence[float] | np.ndarray | None = None,
     extra: np.ndarray | None = None,
-    step_candidates: Sequence[float] = (),
+    step_candidates: Sequence[float] | np.ndarray = (),
     max_steps: int = MAX_STEPS,
     per_unit: bool = True,
 ) -> KneeFit:
@@ -171,7 +171,7 @@ def _nnls(a: np.ndarray) -> np.ndarray:
 def fit_step_roofline(
     x: np.ndarray,
     y: np.ndarray,
-    step_candidates: Sequence[float] = (),
+    step_candidates: Sequence[float] | np.ndarray = (),
     max_steps: int = MAX_STEPS,
     per_unit: bool = True,
     knee: bool = True,
@@ -206,7 +206,7 @@ def holdout_mask(n: int, fraction: float = 0.2, seed: int = 0) -> np.ndarray:
     return mask
 
 
-def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+def mape(predicted: np.ndarray | Sequence[float], measured: np.ndarray | Sequence[float]) -> float:
     """Mean absolute percentage error as a fraction."""
     predicted, measured = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
     return float(np.mean(np.abs(predicted / measured - 1.0)))

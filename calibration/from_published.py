@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -110,10 +111,16 @@ class _Sources:
             self._tables[path] = vidur.read_op_table(path) if model.hf_name and path.is_file() else None
         return self._tables[path]
 
+    def measured_table(self, hardware: HardwareSpec, model: ModelSpec) -> pd.DataFrame:
+        """:meth:`table` of a slice that has one (callers ask only for those)."""
+        table = self.table(hardware, model)
+        assert table is not None, f"no Vidur table for {model.name} on {hardware.name}"
+        return table
+
     def layer_fit(self, hardware: HardwareSpec, model: ModelSpec, tp: int) -> table_fits.LayerFit:
         key = (hardware.name, model.name, tp)
         if key not in self.layer_fits:
-            table = self.table(hardware, model)
+            table = self.measured_table(hardware, model)
             path = vidur.compute_table_path(self.root, hardware.profile_name, model.hf_name)
             self.layer_fits[key] = table_fits.fit_layer(vidur.op_times(table, tp, self.rel(path)))
         return self.layer_fits[key]
@@ -175,7 +182,7 @@ def calibrate(
 
     for hw in hw_specs.values():  # every measured slice is reported, feasible or not
         for model in src.measured_models(hw, model_specs.values()):
-            for tp in vidur.tensor_parallel_degrees(src.table(hw, model)):
+            for tp in vidur.tensor_parallel_degrees(src.measured_table(hw, model)):
                 src.layer_fit(hw, model, tp)
     cal.layer_fits = [LayerRecord(h, m, fit) for (h, m, _), fit in sorted(src.layer_fits.items())]
     cal.allreduce_fits = dict(sorted(src.allreduce_fits.items()))
@@ -429,7 +436,7 @@ def _derivation_checks(src: _Sources) -> list[dict]:
                 layer_weight_seconds(src_model, src_hw, tp)
             )
             derived = scale_layer(base, src_model, src_hw, dst_model, dst_hw)
-            times = vidur.op_times(src.table(dst_hw, dst_model), tp)
+            times = vidur.op_times(src.measured_table(dst_hw, dst_model), tp)
             out.append(
                 {
                     "check": f"{src_model_name} {src_hw_name} -> {dst_model_name} {dst_hw_name}: {what}",
@@ -505,7 +512,7 @@ def _row_errors(rows: pd.DataFrame, params: dict[int, CostParams], label: str) -
         out.append(
             {
                 "check": label,
-                "tp": int(tp),
+                "tp": int(cast(int, tp)),  # a value of the integer tp column
                 "kind": kind,
                 "mape": mape(pred[idx], part["seconds"].to_numpy()),
                 "bias": signed,

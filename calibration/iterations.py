@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class Measurement:
     def median_s(self) -> float:
         return statistics.median(self.seconds)
 
-    def row(self) -> dict[str, object]:
+    def row(self) -> dict[str, Any]:
         """The cost model's ``iteration_time`` arguments and the measured time."""
         c = self.composition
         return {

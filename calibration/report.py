@@ -170,7 +170,7 @@ def markdown(cal: Calibration) -> str:
         "",
         "## Per-layer time (non-attention ops), held-out 20% of token points",
         "",
-        f"Worst per-layer MAPE {_pct(s['per_layer_mape_max'])} (gate 5%); per-op MAPE beside it (single ops are "
+        f"Worst per-layer MAPE {_pct(float(s['per_layer_mape_max']))} (gate 5%); per-op MAPE beside it (single ops are "
         "noisier: repeated measurements of one op differ by up to 10%). All-reduce: held-out MAPE of its fit "
         "against message size (not part of the per-layer gate).",
         "",

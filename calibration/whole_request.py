@@ -187,7 +187,7 @@ def measurement_rows(prompt: pd.DataFrame, token: pd.DataFrame) -> pd.DataFrame:
 
 def components(rows: pd.DataFrame, model: ModelSpec, hardware: HardwareSpec, kernels: dict[int, CostParams]):
     """Evaluate the kernel terms and the fitted parameters' multipliers for each row."""
-    out = {f.name: [] for f in dataclasses.fields(Components)}
+    out: dict[str, list[float]] = {f.name: [] for f in dataclasses.fields(Components)}
     layers = model.num_layers
     for kind, tp, prompt, batch, tokens in rows[["kind", "tp", "prompt", "batch", "tokens"]].itertuples(
         index=False
@@ -258,6 +258,7 @@ def fit_engine(c: Components, seconds: np.ndarray) -> EngineFit:
             result = least_squares(residual, z0, bounds=(lower, np.inf), loss="soft_l1", f_scale=_LOSS_SCALE)
             if best is None or result.cost < best.cost - 1e-12:
                 best = result
+    assert best is not None, "the loops above ran at least once"
     theta = best.x * _TYPICAL
     theta[theta < 1e-6 * _TYPICAL] = 0.0  # optimiser dust, not a measurement
     return EngineFit(**{name: float(v) for name, v in zip(_FIELDS, theta, strict=True)})

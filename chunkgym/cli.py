@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from chunkgym.config import ConfigError, Rule, one_line, schema, to_object
 
@@ -108,7 +108,7 @@ def precheck(
 
 def _with_file(cls: type, args: Sequence[str], default_file: Path | None) -> tuple[list[str], Any]:
     """The overrides without ``config=PATH``, and ``cls``'s node with that file (else ``default_file``) merged in."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from chunkgym import resolve_path
@@ -123,7 +123,7 @@ def _with_file(cls: type, args: Sequence[str], default_file: Path | None) -> tup
         if not Path(path).is_file():
             raise ConfigError(f"{CONFIG_FILE_KEY}={os.fspath(path)}: no such file")
         try:
-            node = OmegaConf.merge(node, OmegaConf.load(path))
+            node = cast(DictConfig, OmegaConf.merge(node, OmegaConf.load(path)))  # a merge keeps node's kind
         except OmegaConfBaseException as exc:
             raise ConfigError(f"{path}: {one_line(exc)}") from None
     return [a for a in args if not a.startswith(prefix)], node

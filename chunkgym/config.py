@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -71,7 +71,7 @@ def schema(cls: type) -> DictConfig:
     OmegaConf makes the nodes of frozen dataclasses (the spec classes) read-only; here
     they stay typed (unknown keys and wrong types still fail) but writable.
     """
-    node = OmegaConf.structured(cls)
+    node: DictConfig = OmegaConf.structured(cls)
     _writable(node, cls)
     return node
 
@@ -83,7 +83,7 @@ def _writable(node: DictConfig, cls: type) -> None:
         kind = hints[f.name]
         if not (dataclasses.is_dataclass(kind) and isinstance(kind, type)):
             continue
-        if OmegaConf.is_missing(node, f.name) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        if OmegaConf.is_missing(node, f.name) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]  # set on every dataclass, not in its stubs
             node[f.name] = OmegaConf.structured(kind)  # a typed node to merge into, not a read-only one
         if not OmegaConf.is_missing(node, f.name):
             _writable(node[f.name], kind)
@@ -105,7 +105,7 @@ def from_mapping(cls: type[T], data: Any, source: str, rules: Mapping[str, Rule]
     except (TypeError, ValueError) as exc:  # the dataclass's own checks
         raise ConfigError(f"{_at(source)}{exc}") from None
     check(out, rules or {}, source)
-    return out  # type: ignore[return-value]
+    return cast(T, out)  # to_object of a structured node of cls is a cls
 
 
 def to_object(cfg: DictConfig, cls: type[T], source: str, rules: Mapping[str, Rule] | None = None) -> T:
@@ -143,13 +143,13 @@ def one_line(exc: OmegaConfBaseException) -> str:
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     """Keys that a ``+key=value`` override added to a typed node (Hydra lets ``+`` bypass the schema)."""
     kind = OmegaConf.get_type(node)
-    names: Iterable[str] = (
+    names: Container[object] = (
         {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else node.keys()
     )
     out = []
     for key in node.keys():
         if key not in names:
-            out.append(f"{prefix}{key}")
+            out.append(f"{prefix}{key!s}")
         elif not OmegaConf.is_missing(node, key) and OmegaConf.is_dict(node[key]):
-            out += unknown_keys(node[key], f"{prefix}{key}.")
+            out += unknown_keys(node[key], f"{prefix}{key!s}.")
     return out

@@ -54,7 +54,7 @@ class LoggerConfig:
 
 def resolve_mode(mode: TrackerMode) -> str:
     if mode is not TrackerMode.auto:
-        return mode.value
+        return str(mode)
     env = os.environ.get("WANDB_MODE", "").strip().lower()
     if env:
         return "disabled" if env in ("disabled", "dryrun-disabled") else env
@@ -96,7 +96,7 @@ class Guarded(KVWriter):
 
 
 def start_wandb(
-    cfg: LoggerConfig, mode: str, run_dir: Path, name: str, group: str | None, config: dict
+    cfg: LoggerConfig, mode: str, run_dir: Path, name: str, group: str | None, config: dict[str, Any]
 ) -> Any:
     """A W&B run that mirrors the TensorBoard events written under ``run_dir`` from now on."""
     import wandb
@@ -114,7 +114,7 @@ def start_wandb(
         id=run_id,
         resume="allow",
         dir=str(run_dir),
-        mode=mode,
+        mode=mode,  # type: ignore[arg-type]  # $WANDB_MODE as given: wandb.init checks it
         config=config,
         job_type="train",
         sync_tensorboard=True,
@@ -188,7 +188,7 @@ def upload(
             group=cfg.group,
             name=cfg.name,
             tags=list(cfg.tags),
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]  # $WANDB_MODE as given: wandb.init checks it
             dir=str(out_dir),
             job_type="evaluate",
             config=dict(config),

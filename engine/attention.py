@@ -112,6 +112,7 @@ class PagedAttention:
             if c.blocks is None:
                 keys, values = k[rows], v[rows]
             else:
+                assert c.mask is not None, "a chunk has both blocks and a mask, or neither"
                 context = c.mask.shape[1]
                 keys = k_cache[c.blocks].flatten(0, 1)[:context]
                 values = v_cache[c.blocks].flatten(0, 1)[:context]

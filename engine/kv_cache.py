@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -132,7 +133,8 @@ class PagedKVPool:
         matched = self._match(token_ids)
         for block in matched:
             self._take(block)
-        self._seqs[seq_id] = _Seq(list(token_ids), [b for b in matched], [self._hash[b] for b in matched])
+        hashes = [cast(int, self._hash[b]) for b in matched]  # matched blocks are cached, so hashed
+        self._seqs[seq_id] = _Seq(list(token_ids), [b for b in matched], hashes)
         return self.block_size * len(matched)
 
     def blocks_needed(self, seq_id: Hashable, num_tokens: int) -> int:
@@ -235,7 +237,7 @@ class PagedKVPool:
             block = self._free.popleft()
         else:
             block, _ = self._evictable.popitem(last=False)
-            del self._cached[self._hash[block]]
+            del self._cached[cast(int, self._hash[block])]  # an evictable block is cached, so hashed
             self._hash[block] = None
         self._ref[block] = 1
         return block

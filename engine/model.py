@@ -123,6 +123,9 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotate-half RoPE: cos/sin tables for every position up to ``max_context``."""
 
+    cos: Tensor  # buffers, registered in __init__
+    sin: Tensor
+
     def __init__(self, head_dim: int, theta: float, max_context: int) -> None:
         super().__init__()
         self.head_dim, self.theta = head_dim, theta

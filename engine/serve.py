@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -245,7 +245,7 @@ class Engine:
         end = self.clock.now()
         for item, token in zip(items, sampled, strict=True):
             if token is not None:
-                self.tokens[item.seq_id].append(token)
+                self.tokens[cast(int, item.seq_id)].append(token)  # _items names sequences by request id
                 self.blocks.append_token(item.seq_id, token)
         for name, value in (("predicted", predicted), ("execute", end - t0)):
             self.extra[name].append(value)

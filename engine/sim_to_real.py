@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def relative_errors(engine: SimResult, sim: SimResult) -> dict[str, float]:
 
 def compare(runs: dict[tuple[str, str], SimResult], policies: Sequence[str]) -> dict:
     """Per-policy and headline errors of the simulator against the engine."""
-    per = {}
+    per: dict[str, dict[str, Any]] = {}
     for policy in policies:
         engine, sim = runs[(policy, "engine")], runs[(policy, "sim")]
         per[policy] = {

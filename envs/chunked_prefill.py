@@ -89,7 +89,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -229,7 +229,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self.reward_scale = reward_scale
         self.render_mode = render_mode
         self.actions = version_data.actions  # the planner and masks policies act through
-        self.action_space = spaces.MultiDiscrete(self.actions.nvec)
+        self.action_space = spaces.MultiDiscrete(list(self.actions.nvec))
         self.observation_space = spaces.Box(-1.0, 1.0, (len(version_data.feature_names),), np.float32)
         self.sim: Simulator | None = None
         self._mask = np.zeros(sum(self.actions.nvec), dtype=bool)
@@ -238,7 +238,9 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._episodes = 0
 
     # ---- gymnasium API -------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self._episodes += 1
         rng = (
@@ -279,7 +281,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         }
         return self._obs(), info
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         sim = self.sim
         if sim is None:
             raise RuntimeError("call reset() before step()")
@@ -294,7 +296,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         truncated = (core.n_good + core.n_bad == n) or not more or self._steps >= self.max_steps
         log = sim.log
         self._mask = mask = self.actions.mask(sim.view)  # a fresh array: info and action_masks() share it
-        info = {
+        info: dict[str, Any] = {
             "now": core.now,
             "latency": latency,
             "decode_tokens": log["decode_tokens"][-1],
@@ -328,12 +330,14 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     # ---- stepping ------------------------------------------------------------------------
     def _advance(self) -> bool:
         """Run the server to the agent's next step; False once the trace is done."""
+        assert self.sim is not None, "only called after reset()"
         if self.version.decision_steps:
             return self._advance_to_decision()
         return self.sim.advance_to_work()
 
     def _advance_to_decision(self) -> bool:
         """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
+        assert self.sim is not None, "only called after reset()"
         core = self.sim.core
         n = len(core.requests)
         return self.sim.run_until(
@@ -341,6 +345,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         )
 
     def _obs(self) -> np.ndarray:
+        assert self.sim is not None, "only called after reset()"
         return self.version.features(self.sim.view)
 
 
@@ -353,7 +358,8 @@ class ActionMasks(gym.Wrapper, RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
 
     def action_masks(self) -> np.ndarray:
-        return self.env.unwrapped.action_masks()
+        # Registered only as the wrapper of chunkgym's own ids, so the innermost env is ours.
+        return cast(ChunkedPrefillEnv, self.env.unwrapped).action_masks()
 
 
 def version_of(env_id: Any) -> EnvVersion:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.serving.simulator import IterationLog, Simulator
+from envs.serving.loop import IterationLog
+from envs.serving.simulator import Simulator
 
 TIMELINE_ITERATIONS = 256  # image width: one pixel column per iteration, the newest on the right
 TIMELINE_HEIGHT = 96

@@ -36,7 +36,7 @@ LONGEST_CANDIDATES = 20
 """Longest prompts tried, longest first, when looking for one prefilled while another request streams."""
 
 
-def _styles(names: Sequence[str]) -> dict[str, dict]:
+def _styles(names: Sequence[str] | pd.Series) -> dict[str, dict]:
     """The same style for a policy in every plot: 20 distinct colours (dashed after the first ten),
     with the FCFS-vs-Sarathi pair drawn thicker."""
     cmap = plt.get_cmap("tab20")
@@ -196,7 +196,9 @@ def find_stall(result: SimResult) -> Stall | None:
     finished = np.flatnonzero(out.finished)
     longest = finished[np.argsort(-out.prompt_len[finished], kind="stable")][:LONGEST_CANDIDATES]
     for long in longest:
-        start, end = prefill_span(result, long)
+        span = prefill_span(result, long)
+        assert span is not None, "drawn from the finished requests"
+        start, end = span
         streams = [
             (len(t), -rid)
             for rid, t in times.items()
@@ -266,7 +268,7 @@ def batch_composition(
     for ax, (policy, result) in zip(axes[:, 0], results.items(), strict=True):
         it = result.iterations
         keep = (it["start"] >= span[0]) & (it["start"] <= span[1])
-        x = (
+        x: np.ndarray | list[float] = (
             np.append(it["start"][keep], it["start"][keep][-1] + it["latency"][keep][-1])
             if keep.any()
             else []

@@ -59,7 +59,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 # ---- statistics ----------------------------------------------------------------------------
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+def mean_ci(values: Sequence[float] | pd.Series) -> tuple[float, float]:
     """Mean and the half-width of its 95% confidence interval (Student's t); NaN half-width for n < 2."""
     x = np.asarray(values, dtype=np.float64)
     n = len(x)
@@ -190,9 +190,9 @@ def _capacity_markdown(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _num(x: float, fmt: str = ".3g") -> str:
+def _num(x: Any, fmt: str = ".3g") -> str:  # a table cell: a float, NaN or None
     return "" if x is None or math.isnan(x) else format(x, fmt)
 
 
-def _pm(mean: float, half: float) -> str:
+def _pm(mean: Any, half: Any) -> str:  # table cells, as _num
     return _num(mean) if math.isnan(half) else f"{_num(mean)} ± {_num(half, '.2g')}"

@@ -25,13 +25,14 @@ import shutil
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
 FORMAT = "chunkgym-checkpoint"
@@ -65,7 +66,7 @@ class NormStats:
 
     @classmethod
     def of(cls, vecnorm: VecNormalize) -> NormStats:
-        o, r = vecnorm.obs_rms, vecnorm.ret_rms
+        o, r = cast(RunningMeanStd, vecnorm.obs_rms), vecnorm.ret_rms  # a Box observation: one set of stats
         return cls(
             np.array(o.mean, dtype=np.float64),
             np.array(o.var, dtype=np.float64),
@@ -83,7 +84,7 @@ class NormStats:
                 raise ValueError(
                     f"VecNormalize {key}: checkpoint has {value!r}, the config {getattr(vecnorm, key)!r}"
                 )
-        o, r = vecnorm.obs_rms, vecnorm.ret_rms
+        o, r = cast(RunningMeanStd, vecnorm.obs_rms), vecnorm.ret_rms  # a Box observation: one set of stats
         o.mean, o.var, o.count = self.obs_mean.copy(), self.obs_var.copy(), self.obs_count
         r.mean, r.var, r.count = self.ret_mean.copy(), self.ret_var.copy(), self.ret_count
 
@@ -130,7 +131,9 @@ def write_checkpoint(model: OnPolicyAlgorithm, directory: Path, algo: str) -> No
         },
         tmp / OPTIMIZER_FILE,
     )
-    norm = NormStats.of(model.get_vec_normalize_env())
+    vecnorm = model.get_vec_normalize_env()
+    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (training.normalised())"
+    norm = NormStats.of(vecnorm)
     save_file(norm.tensors(), tmp / NORM_FILE)
     manifest = {
         "format": FORMAT,
@@ -294,8 +297,10 @@ def restore(model: OnPolicyAlgorithm, ckpt: Checkpoint) -> None:
             ckpt.directory / NORM_FILE,
             f"statistics of shapes {shapes}, the env observes {model.observation_space.shape}",
         )
+    vecnorm = model.get_vec_normalize_env()
+    assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (training.normalised())"
     try:
-        ckpt.norm.apply(model.get_vec_normalize_env())
+        ckpt.norm.apply(vecnorm)
     except ValueError as exc:
         raise CheckpointError(path, str(exc)) from None
     model.num_timesteps = ckpt.num_timesteps
@@ -314,7 +319,7 @@ def _fits(value: Any, current: Any) -> bool:
         return (
             isinstance(value, list) and len(value) == len(current) and all(_finite_number(v) for v in value)
         )
-    return value == current
+    return bool(value == current)
 
 
 def _check_tensors(path: Path, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

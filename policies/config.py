@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -157,7 +157,9 @@ def register_configs() -> None:
 
 def plain(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain JSON-able containers (enums as their names)."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return cast(
+        dict[str, Any], OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    )  # of a DictConfig
 
 
 RULES: dict[str, Rule] = {

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from gymnasium import spaces
 from safetensors.torch import save_file
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
@@ -49,7 +50,8 @@ def policy_net(policy: ActorCriticPolicy, norm: NormStats, masked: bool) -> Poli
     if not linears or not names or not isinstance(policy.action_net, nn.Linear):
         raise ValueError(f"only MLP policies with one of {sorted(ACTIVATIONS)} can be exported, got {policy}")
     sizes = [linears[0].in_features] + [m.out_features for m in linears]
-    net = PolicyNet(sizes, policy.action_space.nvec.tolist(), names[0], masked)
+    nvec = cast(spaces.MultiDiscrete, policy.action_space).nvec  # chunkgym's action space
+    net = PolicyNet(sizes, nvec.tolist(), names[0], masked)
     src = [*linears, policy.action_net]
     dst = [m for m in net.body if isinstance(m, nn.Linear)] + [net.head]
     with torch.no_grad():

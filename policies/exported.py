@@ -71,6 +71,11 @@ class PolicyNet(nn.Module):
     :func:`envs.actions.action_plan`).
     """
 
+    obs_mean: torch.Tensor  # buffers, registered in __init__
+    obs_var: torch.Tensor
+    obs_epsilon: torch.Tensor
+    obs_clip: torch.Tensor
+
     def __init__(
         self, sizes: Sequence[int], nvec: Sequence[int], activation: str = "tanh", masked: bool = True
     ) -> None:
@@ -133,13 +138,17 @@ class ExportedPolicy(Policy):
             h = self._act(w @ h + b)
         logits = w_out @ h + b_out
         if self.masked:
+            assert mask is not None, "a masked policy is always given the mask (plan())"
             logits[~mask] = -np.inf
         return int(logits[:NUM_LEVELS].argmax()), int(logits[NUM_LEVELS:].argmax())
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Actions for a batch, through the torch module (what ``policy.pt2`` computes)."""
         with torch.inference_mode():
-            return self.net(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)).numpy()
+            actions: np.ndarray = self.net(
+                torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(mask)
+            ).numpy()
+        return actions
 
     def plan(self, view: ServingView) -> Plan:
         level, rule = self.act_one(self.features(view), self.actions.mask(view) if self.masked else None)
@@ -147,14 +156,15 @@ class ExportedPolicy(Policy):
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0, out=x)
+    y: np.ndarray = np.maximum(x, 0, out=x)
+    return y
 
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def env_contract(env_id: str) -> dict[str, Any]:
+def env_contract(env_id: Any) -> dict[str, Any]:
     """What an export for ``env_id`` must agree with: that env's version, features and actions here."""
     version = version_of(env_id)
     return {
@@ -196,7 +206,7 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
             raise ExportError(path, f"missing field {key!r}")
         if spec[key] != expected:
             raise ExportError(path, f"field {key!r} is {spec[key]!r}, but {spec['env_id']} has {expected!r}")
-    net = spec.get("network")
+    net: Any = spec.get("network")  # JSON, checked below
     sizes = net.get("sizes") if isinstance(net, dict) else None
     if (
         not isinstance(sizes, list)

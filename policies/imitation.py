@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,8 +116,11 @@ def collect(
     if teacher == "window_best" and not isinstance(venv.venv, DummyVecEnv):
         raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
     n = venv.num_envs
-    obs = venv.reset()
-    envs = [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
+    obs: Any = venv.reset()  # VecEnvObs; a Box observation space makes it an array
+    # The ChunkedPrefillEnvs, or placeholders where they live in subprocesses (constant teachers only).
+    envs: list[Any] = (
+        [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
+    )
     if teacher == "window_best":
         n_rules = len(envs[0].actions.rules)
         candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]

@@ -142,7 +142,7 @@ def make_policy(name: str) -> Policy:
             raise ValueError(f"policy {name!r}: no exported policy directory at {path}")
         from policies.exported import load_policy
 
-        policy = load_policy(path)
+        policy: Policy = load_policy(path)
     else:
         policy = preset_policy(POLICY_DIR / f"{name}.yaml")
     policy.name = name

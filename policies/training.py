@@ -21,7 +21,7 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +31,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 from torch import nn
@@ -57,7 +58,7 @@ from policies.exported import PolicyNet, env_contract
 
 log = logging.getLogger(__name__)
 
-ALGOS: dict[AlgoName, type[OnPolicyAlgorithm]] = {AlgoName.maskable_ppo: MaskablePPO, AlgoName.ppo: PPO}
+ALGOS: dict[AlgoName, type[PPO] | type[MaskablePPO]] = {AlgoName.maskable_ppo: MaskablePPO, AlgoName.ppo: PPO}
 ACTIVATION_FNS: dict[Activation, type[nn.Module]] = {Activation.tanh: nn.Tanh, Activation.relu: nn.ReLU}
 EVAL_METRICS = (
     "goodput_rps",
@@ -95,6 +96,7 @@ def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> di
     """
     e = cfg.env
     version_of(e.id)  # fails early, naming the registered envs, on an unknown id
+    inputs: dict[str, Any]
     if e.id == ENV_ID_V1:
         extra = [Workload.from_name(name, cfg.data_root) for name in e.workloads]
         inputs = {
@@ -185,8 +187,11 @@ def is_masked(cfg: TrainConfig) -> bool:
 def best_policy_net(cfg: TrainConfig, run_dir: Path, model: OnPolicyAlgorithm) -> PolicyNet:
     """The best val policy of the run (``run_dir/best``), loaded into a new policy shaped like ``model``'s."""
     best = read_checkpoint(run_dir / BEST_DIR, cfg.algo.name.value)
-    policy = model.policy_class(
-        model.observation_space, model.action_space, model.lr_schedule, **model.policy_kwargs
+    policy = cast(  # PPO's MlpPolicy
+        ActorCriticPolicy,
+        model.policy_class(
+            model.observation_space, model.action_space, model.lr_schedule, **model.policy_kwargs
+        ),
     )
     restore_policy(policy, best)
     return policy_net(policy, best.norm, is_masked(cfg))
@@ -275,9 +280,11 @@ class Evaluator:
         self.last_timesteps = kept[-1]["timesteps"] if kept else -1
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
-        net = policy_net(model.policy, NormStats.of(model.get_vec_normalize_env()), self.masked)
+        vecnorm = model.get_vec_normalize_env()
+        assert vecnorm is not None, "chunkgym's models always train behind VecNormalize (normalised())"
+        net = policy_net(model.policy, NormStats.of(vecnorm), self.masked)
         policy = in_memory_policy(net, self.env_id)
-        row = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
+        row: dict[str, Any] = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
         with self.history.open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.last_timesteps = row["timesteps"]
@@ -286,6 +293,7 @@ class Evaluator:
         if improved:
             write_checkpoint(model, self.run_dir / BEST_DIR, self.algo)
             self.best = row
+        assert self.best is not None, "set above at the first evaluation"
         for key in EVAL_METRICS:
             model.logger.record(f"eval/{key}", row[key])
         model.logger.record("eval/best_goodput_rps", self.best["goodput_rps"])
@@ -320,7 +328,7 @@ class Every(BaseCallback):
 
     def _on_rollout_start(self) -> None:
         if self.model.num_timesteps >= self.next:
-            self.fn(self.model)
+            self.fn(cast(OnPolicyAlgorithm, self.model))  # what fn was given for: PPO or MaskablePPO
             self.next = (self.model.num_timesteps // self.every + 1) * self.every
 
     def _on_step(self) -> bool:

@@ -68,12 +68,12 @@ def measure(
     the caches its own kind of iteration leaves (as in a replay, where a decode mostly
     follows a decode) rather than those of the previous, different composition.
     """
-    model = build_model(model, seed=seed, dtype=dtype, device=device)
+    net = build_model(model, seed=seed, dtype=dtype, device=device)
     setups = []
     for comp in compositions:
-        items, num_blocks = comp.items(block_size, model.config.vocab_size)
-        cache = KVCache(model.config, num_blocks, block_size, model.embed.weight.dtype, device)
-        setups.append((ModelRunner(model, cache), items))
+        items, num_blocks = comp.items(block_size, net.config.vocab_size)
+        cache = KVCache(net.config, num_blocks, block_size, net.embed.weight.dtype, device)
+        setups.append((ModelRunner(net, cache), items))
     seconds: list[list[float]] = [[] for _ in setups]
     for r in range(warmup + repeats):
         for (runner, items), times in zip(setups, seconds, strict=True):

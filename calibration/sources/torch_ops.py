@@ -225,6 +225,7 @@ def run(opts: Options) -> Path:
     if opts.dtype not in DTYPES:
         raise SystemExit(f"dtype: {opts.dtype!r} is not one of {', '.join(DTYPES)}")
     device = torch.device(opts.device)
+    tokens: Sequence[int]
     if opts.smoke:
         model, tokens, tps, warmup, repeats = SMOKE_MODEL, SMOKE_TOKENS, [1, 2], 1, 3
     else:

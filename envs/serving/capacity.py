@@ -198,7 +198,7 @@ def speculative_search(
     """
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
-    running: dict[tuple[int, float], Future] = {}
+    running: dict[tuple[int, float], Future[Probe]] = {}
     while True:
         frontiers = []
         for i, query in enumerate(queries):
@@ -244,7 +244,8 @@ def _after(outcomes: list[bool], **search: float) -> float | CapacityResult:
         for ok in outcomes:
             scale = steps.send(ok)
     except StopIteration as end:
-        return end.value
+        result: CapacityResult = end.value  # the generator's return value
+        return result
     return scale
 
 

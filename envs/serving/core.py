@@ -21,6 +21,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -122,7 +123,8 @@ class DecodeGroup:
         if self.n > len(self.joiners):  # members that emitted at last_time gain B minus this gap
             self.slack_base += tpot - (t_end - self.last_time)
         for req in self.joiners:
-            first, last = req.emissions[0], req.emissions[-1]
+            # A joiner's first and latest emissions are prefill tokens: times, not decode ranges.
+            first, last = cast(float, req.emissions[0]), cast(float, req.emissions[-1])
             slack = tpot * (req.generated - 1) - (last - first) + tpot - (t_end - last)
             heapq.heappush(self._slack_heap, (slack - self.slack_base, req.rid, req.decode_join, req))
         self.joiners = []
@@ -470,7 +472,7 @@ class ServingCore:
                 if not req.violated and req not in joiners:
                     self._violate(req)
         for req in joiners:  # a joiner last emitted when its prefill finished
-            if not req.violated and t_end - req.emissions[-1] > stall:
+            if not req.violated and t_end - cast(float, req.emissions[-1]) > stall:
                 self._violate(req)
         dec.record(t_end)
         for req in dec.pop_finished():
@@ -480,9 +482,11 @@ class ServingCore:
         """Cache every full prompt unit this request has now computed."""
         u = self.kv.unit_tokens
         units = req.prefix_units
-        limit = min(min(req.computed, req.prompt_len) // u, len(req.hash_ids))
+        hash_ids = req.hash_ids
+        assert hash_ids is not None, "called only for requests with hash ids"
+        limit = min(min(req.computed, req.prompt_len) // u, len(hash_ids))
         while len(units) < limit:
-            uid = int(req.hash_ids[len(units)])
+            uid = int(hash_ids[len(units)])
             if not self.kv.publish(uid):
                 break  # someone else cached it meanwhile: keep our private copy from here on
             units.append(uid)

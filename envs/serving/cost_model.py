@@ -62,6 +62,8 @@ COST_DIR = CONF_DIR / "cost"
 class CostModel(ABC):
     """Predicts the wall time of one engine iteration from what the batch holds."""
 
+    description: str  # where its numbers come from (results name it)
+
     @abstractmethod
     def iteration_time(
         self,
@@ -310,7 +312,7 @@ def roofline_params(
 
 # ---- coefficient files ---------------------------------------------------------------------
 
-COST_FILE_FIELDS: dict[str, type | tuple[type, ...]] = {
+COST_FILE_FIELDS: dict[str, type] = {
     "hardware": str,
     "model": str,
     "tp": int,

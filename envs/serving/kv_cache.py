@@ -14,6 +14,10 @@ Invariant (checked by :meth:`check`): private + units in use + units cached-free
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class BlockManager:
@@ -69,7 +73,7 @@ class BlockManager:
         self.empty += blocks
 
     # ---- shared prefix units --------------------------------------------------------
-    def match(self, hash_ids, max_units: int) -> list[int]:
+    def match(self, hash_ids: np.ndarray, max_units: int) -> list[int]:
         """The longest run of cached units at the start of ``hash_ids``, at most ``max_units``."""
         hits = []
         refs = self._refs

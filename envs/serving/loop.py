@@ -47,18 +47,18 @@ class IterationLog:
     """Per-iteration records, one Python list per column (cheap appends), numpy on demand."""
 
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {name: [] for name in ITERATION_COLUMNS}
+        self.cols: dict[str, list[float]] = {name: [] for name in ITERATION_COLUMNS}
         self._append = [col.append for col in self.cols.values()]
 
     def append(self, *row: float) -> None:
         for add, value in zip(self._append, row, strict=True):
             add(value)
 
-    def extend(self, **columns: list) -> None:
+    def extend(self, **columns: list[float]) -> None:
         for name, values in columns.items():
             self.cols[name].extend(values)
 
-    def __getitem__(self, name: str) -> list:
+    def __getitem__(self, name: str) -> list[float]:
         return self.cols[name]
 
     def __len__(self) -> int:

@@ -292,7 +292,7 @@ def vllm_summary(out: RequestOutcomes, span_s: float) -> dict[str, float]:
 
 def bucket_summaries(out: RequestOutcomes) -> list[dict[str, float | str]]:
     """Per prompt-length bucket (raw prompt length): attainment, TTFT and TBT percentiles."""
-    rows = []
+    rows: list[dict[str, float | str]] = []
     edges = (*BUCKET_EDGES, np.inf)
     for label, lo, hi in zip(BUCKET_LABELS, edges[:-1], edges[1:], strict=True):
         sub = out.subset((out.prompt_len >= lo) & (out.prompt_len < hi))
@@ -340,7 +340,8 @@ def capacity_search(
         while True:
             scale = steps.send(bool(passes(scale)))
     except StopIteration as done:
-        return done.value
+        result: CapacityResult = done.value  # the generator's return value
+        return result
 
 
 def capacity_steps(

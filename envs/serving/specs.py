@@ -7,12 +7,14 @@ library loads them by name through :func:`load_model` / :func:`load_hardware`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import yaml
 
 from chunkgym import REPO_ROOT
 from chunkgym.config import AT_LEAST_ONE, POSITIVE, Rule, from_mapping
+
+T = TypeVar("T")
 
 CONF_DIR = REPO_ROOT / "conf"
 GIB = 1 << 30
@@ -97,7 +99,7 @@ def _names(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def _load(group: str, name: str, cls: type) -> Any:
+def _load(group: str, name: str, cls: type[T]) -> T:
     path = CONF_DIR / group / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown {group} {name!r}; valid names: {', '.join(_names(group))}")

@@ -17,6 +17,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -82,11 +83,13 @@ class Workload:
         against the working directory, then the data root."""
         resolved = _find_file(path, data_root)
         fmt = sniff_format(resolved)
-        extra: dict[str, float] = {}
+        extra: dict[str, Any] = {}
         if fmt == "lengths":
             extra["base_rate"] = DEFAULT_FILE_RATE
         elif fmt == "mooncake":
-            extra["slot_jitter_s"] = infer_slot_s(read_rows(resolved, fmt).times)
+            times = read_rows(resolved, fmt).times
+            assert times is not None, "Mooncake rows are timestamped"
+            extra["slot_jitter_s"] = infer_slot_s(times)
         spec = WorkloadSpec(name=f"{FILE_PREFIX}{path}", format=fmt, path=str(resolved), **extra)
         return cls(spec, data_root)
 
@@ -137,8 +140,8 @@ def _find_file(path: str, root: str | os.PathLike[str] | None) -> Path:
     for candidate in tried:
         if candidate.exists():
             return candidate.resolve()
-        if link_problem(candidate):
-            raise TraceError(candidate, link_problem(candidate))
+        if problem := link_problem(candidate):
+            raise TraceError(candidate, problem)
     raise TraceError(path, f"trace file not found (tried {', '.join(map(str, tried))})")
 
 

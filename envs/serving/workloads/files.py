@@ -21,6 +21,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -217,12 +218,13 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     if len(lines) != len(df):
         raise TraceError(path, "multi-line (quoted) CSV records are not supported")
     df = df[list(required)].set_axis(np.arange(2, len(df) + 2))
-    return df.loc[np.array([bool(line.strip()) for line in lines], dtype=bool)]
+    kept: pd.DataFrame = df.loc[np.array([bool(line.strip()) for line in lines], dtype=bool)]
+    return kept
 
 
 def _bad_cell(path: Path, df: pd.DataFrame, column: str, mask: np.ndarray, expected: str) -> TraceError:
     line = int(df.index[np.flatnonzero(mask)[0]])
-    raw = df.at[line, column]
+    raw = cast("str | float", df.at[line, column])  # dtype=str; NaN where a row is short of fields
     problem = "missing value" if pd.isna(raw) or str(raw).strip() == "" else f"got {str(raw).strip()!r}"
     return TraceError(path, f"{problem}; expected {expected}", line=line, field=column)
 

@@ -71,8 +71,8 @@ class Renewal:
         """
         u = rng.random()
         if self.dist == "gamma":
-            return u * rng.gamma(self.shape + 1.0, self._scale)
-        return u * self._scale * rng.gamma(1.0 + 1.0 / self.shape) ** (1.0 / self.shape)
+            return float(u * rng.gamma(self.shape + 1.0, self._scale))
+        return float(u * self._scale * rng.gamma(1.0 + 1.0 / self.shape) ** (1.0 / self.shape))
 
     def arrivals(self, rng: np.random.Generator, start: float, end: float) -> np.ndarray:
         """The stationary stream's arrival times in ``[start, end)``."""

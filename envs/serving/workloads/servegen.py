@@ -80,12 +80,12 @@ class ServeGenDay:
             raise TraceError(path, "no chunk-<i>-trace.csv / chunk-<i>-dataset.json members found")
         if len(grids) != 1:
             raise TraceError(path, "clients' trace files use different window_start_s grids")
-        starts = np.asarray(grids.pop(), dtype=np.float64)
-        self.window_s = float(starts[1] - starts[0]) if len(starts) > 1 else 600.0
-        if starts[0] != 0 or np.any(np.diff(starts) != self.window_s):
+        grid = np.asarray(grids.pop(), dtype=np.float64)
+        self.window_s = float(grid[1] - grid[0]) if len(grid) > 1 else 600.0
+        if grid[0] != 0 or np.any(np.diff(grid) != self.window_s):
             raise TraceError(path, "window_start_s must run 0, w, 2w, ... with one window length w")
         self.clients = tuple(clients)
-        self.duration_s = len(starts) * self.window_s
+        self.duration_s = len(grid) * self.window_s
         self._pmfs: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def pmf(self, client: Client, block: int, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +99,9 @@ class ServeGenDay:
         """Arrival times in ``[start, end)`` with prompt and output lengths, sorted by time."""
         w = self.window_s
         first, stop = int(start // w), min(math.ceil(end / w), round(self.duration_s / w))
-        times, prompt, output = [], [], []
+        times: list[np.ndarray] = []
+        prompt: list[np.ndarray] = []
+        output: list[np.ndarray] = []
         for j in range(max(first, 0), stop):
             for client in self.clients:
                 n = round(float(client.rate[j]) * w)
@@ -171,7 +173,9 @@ def _read_members(path: Path) -> dict[int, dict[str, tuple[str, bytes]]]:
                 if not (member.isfile() and match):
                     continue
                 folders.add(member.name[: match.start() + 1])
-                data = tar.extractfile(member).read()
+                file = tar.extractfile(member)
+                assert file is not None, "a regular member (isfile() above) always has its data"
+                data = file.read()
                 found.setdefault(int(match.group(1)), {})[match.group(2)] = (member.name, data)
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise TraceError(path, f"cannot read ServeGen archive: {exc}") from exc

@@ -63,8 +63,10 @@ AZURE_CONV_FIT = SyntheticFit(
 def fit(path: Path, name: str = "azure_conv_fit") -> SyntheticFit:
     """Fit rate, IAT CV and length quantiles on an Azure-format trace."""
     rows = read_rows(path, "azure")
-    gaps = np.diff(rows.times)
-    span = float(rows.times[-1])
+    times = rows.times
+    assert times is not None, "Azure files are timestamped"
+    gaps = np.diff(times)
+    span = float(times[-1])
     return SyntheticFit(
         name=name,
         rate=round(len(rows) / span, 4),

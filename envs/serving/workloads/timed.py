@@ -21,6 +21,7 @@ class TimedSource:
         if rows.times is None:
             raise ValueError(f"{rows.path}: a timed workload needs timestamps")
         self.name, self.source, self.rows, self.slot_s = name, source, rows, slot_s
+        self.times: np.ndarray = rows.times
         self.duration_s = max(float(rows.times[-1]) + slot_s, duration_s)
         if slot_s > 0:
             raw = rows.times
@@ -28,11 +29,11 @@ class TimedSource:
             starts = raw[new_slot]
             next_start = np.append(starts[1:], raw[-1] + slot_s)
             self._slot_id = np.cumsum(new_slot) - 1
-            self._width = np.minimum(slot_s, next_start - starts)[self._slot_id]
+            self._width: np.ndarray = np.minimum(slot_s, next_start - starts)[self._slot_id]
 
     def bounds(self, split: str) -> tuple[float, float, int, int]:
         """``(start_s, stop_s, first_row, stop_row)`` of ``split``, cuts moved to the next arrival."""
-        times, n = self.rows.times, len(self.rows)
+        times, n = self.times, len(self.rows)
         edges = []
         for frac in split_fractions(split):
             if frac <= 0.0:
@@ -49,10 +50,11 @@ class TimedSource:
         """Arrival times for ``seed``: raw, or each slot's requests spread uniformly over the slot
         (sorted draws keep the file's order; the spread ends before the next slot begins)."""
         if self.slot_s <= 0:
-            return self.rows.times
+            return self.times
         u = rng_for(seed, "slot-jitter").random(len(self.rows))
         u = u[np.lexsort((u, self._slot_id))]
-        return self.rows.times + u * self._width
+        spread: np.ndarray = self.times + u * self._width
+        return spread
 
     def extract(self, split: str, seed: int, window_s: float | None) -> Trace:
         t0, t1, i0, i1 = self.bounds(split)

@@ -38,7 +38,7 @@ def split_fractions(split: str) -> tuple[float, float]:
 
 def _frozen(a: np.ndarray, dtype: type) -> np.ndarray:
     """A read-only view: traces share arrays with the parsed-file cache, so nobody may write them."""
-    view = np.asarray(a, dtype=dtype).view()
+    view: np.ndarray = np.asarray(a, dtype=dtype).view()
     view.flags.writeable = False
     return view
 
