@@ -71,7 +71,7 @@ def main(args: Options) -> None:
         workload = load_workload(name)
         row = {}
         for seed in args.seeds:
-            caps = {}
+            caps: dict[tuple[int, Rule], float] = {}
             rules = (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
             total = sum(1 for b in SARATHI_BUDGETS for r in rules if r == Rule.FCFS or b in DEFAULT_BUDGETS)
             progress = Progress(f"headroom {name} seed {seed}", total)

@@ -49,7 +49,7 @@ def main(args: Options) -> None:
         spec = dataclasses.replace(load_workload(name).spec, rate_scale=1.0)
         workload = Workload(spec)
         progress = Progress(f"rate_scales {name}", len(args.seeds))
-        caps = []
+        caps: list[float] = []
         for s in args.seeds:
             progress.update(len(caps), "capacity searches (one per seed)")
             caps.append(

@@ -146,8 +146,14 @@ def from_mirror(mirror: Path) -> Getter:
 
 @functools.lru_cache(maxsize=2)
 def _archive_members_cached(path: str, _mtime_ns: int) -> dict[str, bytes]:
+    members = {}
     with tarfile.open(path, "r:*") as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+        for m in tar:
+            if m.isfile():
+                content = tar.extractfile(m)
+                assert content is not None  # a regular member always has a file object
+                members[m.name] = content.read()
+    return members
 
 
 def _archive_members(path: Path) -> dict[str, bytes]:

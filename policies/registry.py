@@ -17,7 +17,7 @@ import importlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -70,7 +70,7 @@ def preset_path(name: str) -> Path | None:
     return POLICY_DIR / f"{name}.yaml" if isinstance(name, str) and name in preset_names() else None
 
 
-def is_policy_name(name: object) -> bool:
+def is_policy_name(name: object) -> TypeGuard[str]:
     """Whether ``name`` is a preset, a shipped artefact or ``learned:PATH`` (the only names accepted)."""
     return isinstance(name, str) and (
         preset_path(name) is not None or name in shipped_names() or name.startswith(LEARNED_PREFIX)

@@ -106,7 +106,10 @@ def test_keys_appended_with_plus_are_rejected_too():
         ("algo.bc_steps=-1", "algo.bc_steps=-1: must be an integer >= 0"),
         ("eval.seeds=[]", "eval.seeds=[]: must be a non-empty list"),
         ("eval.baseline=../../tmp/x", "eval.baseline='../../tmp/x': must be a registered policy name ("),
-        ("algo.bc_policies=[fcfs,/tmp/x]", "algo.bc_policies=['fcfs', '/tmp/x']: must be a list of registered"),
+        (
+            "algo.bc_policies=[fcfs,/tmp/x]",
+            "algo.bc_policies=['fcfs', '/tmp/x']: must be a list of registered",
+        ),
     ],
 )
 def test_a_value_out_of_range_is_named_in_one_line(override, line):
