@@ -82,6 +82,21 @@ def test_fast_forwarded_stretches_are_bit_identical_to_single_steps(monkeypatch,
     assert sim_a.core.decode.slack_base == sim_b.core.decode.slack_base
 
 
+def test_a_fork_that_keeps_the_log_logs_into_its_own_copy():
+    rng = np.random.default_rng(4)
+    n = 30
+    trace = make_trace(np.sort(rng.uniform(0, 5, n)), rng.integers(1, 2000, n), rng.integers(1, 200, n))
+    whole = make_sim(trace).run(Sarathi(512))
+    sim = make_sim(trace)
+    sim.run_until(Sarathi(512), until_s=2.0)
+    before = len(sim.log)
+    twin = sim.fork(keep_log=True)
+    twin.run_until(Sarathi(512))
+    assert len(sim.log) == before < len(twin.log)
+    for name, column in twin.log.arrays().items():
+        np.testing.assert_array_equal(column, whole.iterations[name])
+
+
 def test_same_trace_and_policy_give_identical_runs():
     rng = np.random.default_rng(5)
     trace = make_trace(np.sort(rng.uniform(0, 3, 40)), rng.integers(1, 5000, 40), rng.integers(1, 200, 40))

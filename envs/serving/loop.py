@@ -48,11 +48,26 @@ class IterationLog:
 
     def __init__(self) -> None:
         self.cols: dict[str, list] = {name: [] for name in ITERATION_COLUMNS}
-        self._append = [col.append for col in self.cols.values()]
+        # The columns once more, in row order; plain lists, not bound appends, so that a deep copy
+        # (Simulator.fork) writes to its own columns.
+        self._columns = tuple(self.cols.values())
 
-    def append(self, *row: float) -> None:
-        for add, value in zip(self._append, row, strict=True):
-            add(value)
+    def append(
+        self,
+        start: float,
+        latency: float,
+        decode_tokens: int,
+        prefill_tokens: int,
+        prefill_seqs: int,
+        kv_used: int,
+    ) -> None:
+        a, b, c, d, e, f = self._columns
+        a.append(start)
+        b.append(latency)
+        c.append(decode_tokens)
+        d.append(prefill_tokens)
+        e.append(prefill_seqs)
+        f.append(kv_used)
 
     def extend(self, **columns: list) -> None:
         for name, values in columns.items():
