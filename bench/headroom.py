@@ -28,6 +28,7 @@ import chunkgym
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
 from chunkgym.progress import Progress
+from envs.serving.early import Attain90Stop
 from envs.serving.metrics import capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
@@ -56,6 +57,7 @@ class Options:
     period_s: float = 4.0  # the oracle's decision period
     horizon_s: float = 24.0  # the oracle's rollout horizon
     rel_tol: float = 0.02  # the capacity search's relative bracket width
+    oracle_early_stop: bool = True  # end an oracle probe once its attain90 outcome is proven
 
 
 RULES = {"seeds": NON_EMPTY, "workloads": NON_EMPTY, "period_s": POSITIVE, "horizon_s": POSITIVE}
@@ -102,10 +104,15 @@ def main(args: Options) -> None:
                 start = time.perf_counter()
 
                 def oracle_passes(scale: float, workload=workload, seed=seed, base=base) -> bool:
-                    sim = setup.simulator(workload.window("val", seed, scale))
+                    trace = workload.window("val", seed, scale)
+                    sim = setup.simulator(trace)
+                    proof = Attain90Stop.for_requests(len(trace))
+                    stop = (lambda: proof(sim.core)) if args.oracle_early_stop else None
                     result, _ = oracle_run(
-                        sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s
+                        sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s, stop
                     )
+                    if result.stopped:
+                        return proof.passed(sim.core)
                     return result.metrics["slo_attainment"] >= 0.9
 
                 res = capacity_search(oracle_passes, start=constant[0], rel_tol=args.rel_tol)

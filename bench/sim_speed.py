@@ -3,14 +3,16 @@
     python bench/sim_speed.py [env_steps=50000]
 
 Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded times
-(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0` with random valid
-actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
+(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0` and `-v1` with random
+valid actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
 trace and scheduler (~8.2k iterations/s, so ~328k iterations); the ratios are printed
 beside ours.  The replay runs twice: with the calibrated cost model (the default, the
 JSON's main fields) and with the uncalibrated roofline v0, whose iteration count is
 close to Vidur's (the calibrated model's engine terms, fitted on Splitwise's engine,
 make Llama-2-7B on H100 slower, so the same trace overloads it and runs fewer, larger
-iterations).  The last stdout line is one JSON object.
+iterations).  The env's step rate is timed for v0 (one step per iteration) and v1 (one
+step per decision, forced iterations run in between) on the same workload, load and
+seed.  The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
 
 
-def env_steps_per_s(steps: int, cost_model: str) -> float:
-    env = gym.make(envs.ENV_ID_V0, cost_model=cost_model, workload="azure_conv")
+def env_steps_per_s(env_id: str, steps: int, cost_model: str) -> float:
+    """Steps per second of ``env_id`` on azure_conv at load 1, seed 0, with random valid actions."""
+    env = gym.make(env_id, cost_model=cost_model, workload="azure_conv", load_scale=1.0)
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     mask_of = cast(ChunkedPrefillEnv, env.unwrapped).action_masks
@@ -83,9 +86,11 @@ def main(args: Options) -> None:
             f"-> {VIDUR_LOOP_S / wall:.1f}x faster loop; goodput {result.metrics['goodput_rps']:.2f} req/s, "
             f"{result.metrics['rejected']} rejected (prompt+output > 4,096)"
         )
-    print(f"env: {args.env_steps:,} random valid steps ...", file=sys.stderr, flush=True)
-    steps = env_steps_per_s(args.env_steps, "calibrated")
-    print(f"env: {steps:,.0f} steps/s with random valid actions (target 20,000)")
+    print(f"env: {args.env_steps:,} random valid steps of v0, then v1 ...", file=sys.stderr, flush=True)
+    steps = env_steps_per_s(envs.ENV_ID_V0, args.env_steps, "calibrated")
+    print(f"env v0: {steps:,.0f} steps/s with random valid actions (target 20,000)")
+    steps_v1 = env_steps_per_s(envs.ENV_ID_V1, args.env_steps, "calibrated")
+    print(f"env v1: {steps_v1:,.0f} decision steps/s with random valid actions (target: v0's)")
     iterations, wall = runs["calibrated"]
     rf_iterations, rf_wall = runs["roofline"]
     print(
@@ -96,6 +101,7 @@ def main(args: Options) -> None:
                 "iterations_per_s": iterations / wall,
                 "requests": len(trace),
                 "env_steps_per_s": steps,
+                "env_v1_steps_per_s": steps_v1,
                 "vidur_loop_speedup": VIDUR_LOOP_S / wall,
                 "roofline_iterations": rf_iterations,
                 "roofline_wall_s": rf_wall,

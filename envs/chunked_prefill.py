@@ -140,6 +140,7 @@ VERSIONS: dict[int, EnvVersion] = {
     1: EnvVersion(1, features_v1, FEATURE_NAMES_V1, ACTIONS_V1, score_at_first_token, True, TRAIN_WORKLOADS),
 }
 LATEST_VERSION = max(VERSIONS)
+FORCED = StepDecodes()  # the policy of forced iterations (stateless)
 
 
 class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -338,11 +339,12 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     def _advance_to_decision(self) -> bool:
         """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
         assert self.sim is not None, "only called after reset()"
+        return self.sim.run_until(FORCED, stop=self._decision_due)
+
+    def _decision_due(self) -> bool:
+        assert self.sim is not None, "only called after reset()"
         core = self.sim.core
-        n = len(core.requests)
-        return self.sim.run_until(
-            StepDecodes(), stop=lambda: bool(core.queue) or core.n_good + core.n_bad == n
-        )
+        return bool(core.queue) or core.n_good + core.n_bad == len(core.requests)
 
     def _obs(self) -> np.ndarray:
         assert self.sim is not None, "only called after reset()"

@@ -48,6 +48,11 @@ def _unit(x: float) -> float:
 
 
 def features_v0(view: ServingView) -> np.ndarray:
+    return np.array(_values_v0(view), dtype=np.float32)
+
+
+def _values_v0(view: ServingView) -> tuple[float, ...]:
+    """The v0 features as Python floats (v1 extends them before the one float32 conversion)."""
     now = view.now
     slo = view.slo
     seqs = view.max_num_seqs
@@ -77,26 +82,23 @@ def features_v0(view: ServingView) -> np.ndarray:
         oldest_age = (now - oldest) / head.ttft_bound / 2
     else:
         head_left, head_slack, oldest_age = 0, 1.0, 0.0
-    return np.array(
-        (
-            n_dec / seqs,
-            _unit(math.log1p(len(queue)) / _L1024),
-            view.num_prefilling / seqs,
-            _unit(math.log1p(pending) / _L20),
-            _unit(math.log1p(head_left) / _L17),
-            _unit(math.log1p(shortest) / _L17),
-            -1.0 if head_slack < -1.0 else 1.0 if head_slack > 1.0 else head_slack,
-            -1.0 if min_slack < -1.0 else min_slack,
-            doomed / len(look) if look else 0.0,
-            _unit(oldest_age),
-            _unit((now - view.last_decode_time) / slo.stall_s) if n_dec else 0.0,
-            _unit(view.free_blocks / view.total_blocks),
-            _unit(math.log1p(view.decode_context / n_dec) / _L17) if n_dec else 0.0,
-            _unit(view.last_latency / slo.tpot_s / 4),
-            _unit(view.latency_ewma / slo.tpot_s / 4),
-            _unit(view.arrival_rate() * per_token * 1024 / 4),
-        ),
-        dtype=np.float32,
+    return (
+        n_dec / seqs,
+        _unit(math.log1p(len(queue)) / _L1024),
+        view.num_prefilling / seqs,
+        _unit(math.log1p(pending) / _L20),
+        _unit(math.log1p(head_left) / _L17),
+        _unit(math.log1p(shortest) / _L17),
+        -1.0 if head_slack < -1.0 else 1.0 if head_slack > 1.0 else head_slack,
+        -1.0 if min_slack < -1.0 else min_slack,
+        doomed / len(look) if look else 0.0,
+        _unit(oldest_age),
+        _unit((now - view.last_decode_time) / slo.stall_s) if n_dec else 0.0,
+        _unit(view.free_blocks / view.total_blocks),
+        _unit(math.log1p(view.decode_context / n_dec) / _L17) if n_dec else 0.0,
+        _unit(view.last_latency / slo.tpot_s / 4),
+        _unit(view.latency_ewma / slo.tpot_s / 4),
+        _unit(view.arrival_rate() * per_token * 1024 / 4),
     )
 
 
@@ -146,8 +148,9 @@ def features_v1(view: ServingView) -> np.ndarray:
         (pending,) if pending else (),
         (0,) if pending else (),
     )
-    extra = np.array(
-        (
+    return np.array(
+        _values_v0(view)
+        + (
             -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
             view.num_decode_doomed / n_dec if n_dec else 0.0,
             _unit((now - view.last_decode_time) / slo.tpot_s / 4) if n_dec else 0.0,
@@ -161,4 +164,3 @@ def features_v1(view: ServingView) -> np.ndarray:
         ),
         dtype=np.float32,
     )
-    return np.concatenate((features_v0(view), extra))

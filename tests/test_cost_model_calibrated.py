@@ -89,6 +89,18 @@ def test_decode_times_match_iteration_time(path: Path) -> None:
         np.testing.assert_allclose(cost.decode_times(n, contexts), expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "path", [EXAMPLE, COST_DIR / cost_file_name("h200", "mistral_7b", 1)], ids=["a100", "h200"]
+)
+def test_decode_iteration_times_are_iteration_time_bit_for_bit(path: Path) -> None:
+    cost = _model(path)
+    contexts = np.arange(0, 2_000_000, 7919, dtype=np.int64)
+    for n in (1, 3, 16, 255):
+        expected = [cost.iteration_time(n, int(c), (), ()) for c in contexts]
+        assert cost.decode_iteration_times(n, contexts).tolist() == expected
+        assert super(RooflineCostModel, cost).decode_iteration_times(n, contexts).tolist() == expected
+
+
 def test_roofline_v0_is_the_textbook_roofline() -> None:
     model, hw = load_model("llama2_7b"), load_hardware("a100_80gb")
     p = roofline_params(model, hw, 1)

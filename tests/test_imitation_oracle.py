@@ -14,6 +14,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 import envs
 from baselines import Adaptive, Sarathi
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.serving.early import Attain90Stop
 from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
@@ -125,6 +126,18 @@ def test_an_oracle_with_one_candidate_is_that_constant_policy(small_window):
     assert {c[1:] for c in choices} == {(512, int(Rule.FCFS))}
     for key in ("requests", "finished", "goodput_rps", "slo_attainment", "tbt_p99_s", "iterations"):
         assert got.metrics[key] == want.metrics[key], key
+
+
+def test_an_oracle_stopped_once_attain90_is_proven_gives_the_full_runs_answer(small_window):
+    setup, trace = small_window
+    args = ((512, Rule.FCFS), (256, 2048), (Rule.FCFS,), 2.0, 6.0)
+    full, full_choices = oracle_run(setup.simulator(trace), *args)
+    sim = setup.simulator(trace)
+    proof = Attain90Stop.for_requests(len(trace))
+    early, early_choices = oracle_run(sim, *args, stop=lambda: proof(sim.core))
+    assert early.stopped and not full.stopped
+    assert len(early_choices) < len(full_choices) and early_choices == full_choices[: len(early_choices)]
+    assert proof.passed(sim.core) == (full.metrics["slo_attainment"] >= 0.9)
 
 
 def test_oracle_choices_are_candidates_in_time_order_and_serve_every_request(small_window):

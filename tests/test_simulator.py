@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from baselines import PrefillFirst, Sarathi
+from envs.serving import simulator
 from envs.serving.scheduling import Plan, Policy, Rule, plan_budget
 from tests.simtools import make_setup, make_sim, make_trace
 
@@ -54,6 +55,46 @@ def test_fast_forward_gives_identical_results(policy):
         np.testing.assert_array_equal(t, b.token_times[rid])
     for key in ("goodput_rps", "tbt_p99_s", "ttft_p99_s", "iterations", "kv_util_mean"):
         assert a.metrics[key] == b.metrics[key]
+
+
+@pytest.mark.parametrize("stretch_min", [1, 10**9], ids=["numpy", "python"])
+@pytest.mark.parametrize("num_blocks", [0, 120], ids=["roomy", "kv_bound"])
+def test_fast_forwarded_stretches_are_bit_identical_to_single_steps(monkeypatch, stretch_min, num_blocks):
+    """Long decode-only stretches cut by arrivals, finishes and KV shortage, on either path of
+    the fast-forward: every logged column and every token time equal the step-by-step run's."""
+    monkeypatch.setattr(simulator, "STRETCH_MIN", stretch_min)
+    rng = np.random.default_rng(11)
+    n = 40
+    trace = make_trace(np.sort(rng.uniform(0, 60, n)), rng.integers(16, 800, n), rng.integers(50, 2000, n))
+    runs = []
+    for fast in (True, False):
+        sim = make_sim(trace, num_blocks=num_blocks)
+        runs.append((sim.run(Sarathi(512), fast_forward=fast), sim))
+    (a, sim_a), (b, sim_b) = runs
+    assert a.metrics["iterations"] > 1000
+    for name in a.iterations:
+        np.testing.assert_array_equal(a.iterations[name], b.iterations[name])
+    assert a.token_times.keys() == b.token_times.keys()
+    for rid, t in a.token_times.items():
+        np.testing.assert_array_equal(t, b.token_times[rid])
+    for key in ("latency_ewma", "last_latency", "now", "preemptions"):
+        assert getattr(sim_a.core, key) == getattr(sim_b.core, key)
+    assert sim_a.core.decode.slack_base == sim_b.core.decode.slack_base
+
+
+def test_a_fork_that_keeps_the_log_logs_into_its_own_copy():
+    rng = np.random.default_rng(4)
+    n = 30
+    trace = make_trace(np.sort(rng.uniform(0, 5, n)), rng.integers(1, 2000, n), rng.integers(1, 200, n))
+    whole = make_sim(trace).run(Sarathi(512))
+    sim = make_sim(trace)
+    sim.run_until(Sarathi(512), until_s=2.0)
+    before = len(sim.log)
+    twin = sim.fork(keep_log=True)
+    twin.run_until(Sarathi(512))
+    assert len(sim.log) == before < len(twin.log)
+    for name, column in twin.log.arrays().items():
+        np.testing.assert_array_equal(column, whole.iterations[name])
 
 
 def test_same_trace_and_policy_give_identical_runs():

@@ -84,6 +84,15 @@ class DecodeGroup:
         """KV tokens all members attend to in the decode iteration at ``clock``."""
         return self._offset + self.n * (clock + 1)
 
+    def context_sums(self, clock: int, count: int) -> np.ndarray:
+        """:meth:`context_sum` of the ``count`` decode iterations from ``clock`` on (int64)."""
+        return self._offset + self.n * np.arange(clock + 1, clock + count + 1, dtype=np.int64)
+
+    def block_needs(self, clock: int, count: int) -> np.ndarray:
+        """:meth:`block_need` of the ``count`` decode iterations from ``clock`` on (int64)."""
+        phase = np.array(self.phase, dtype=np.int64)
+        return phase[-np.arange(clock, clock + count, dtype=np.int64) % self.bs]
+
     def block_need(self, clock: int) -> int:
         """New KV blocks the members need for the decode iteration at ``clock``."""
         return self.phase[-clock % self.bs] if self.n else 0
@@ -131,6 +140,18 @@ class DecodeGroup:
         self.end.append(t_end)
         self.last_time = t_end
         self.clock += 1
+
+    def record_stretch(self, ends: list[float]) -> None:
+        """Decode iterations ended at ``ends``, no member joining: :meth:`record` once per end, in
+        one call (the slack sums in the same order, so bit for bit the same state)."""
+        tpot, slack, last = self.tpot_s, self.slack_base, self.last_time
+        for t_end in ends:
+            slack += tpot - (t_end - last)
+            last = t_end
+        self.slack_base = slack
+        self.end.extend(ends)
+        self.last_time = last
+        self.clock += len(ends)
 
     def min_tpot_slack(self) -> float:
         """Least TPOT slack (s) among members still able to meet their SLO; inf if none."""
@@ -393,7 +414,8 @@ class ServingCore:
             self._preempt_one()
 
     def decode_block_need(self) -> int:
-        return self.decode.block_need(self.decode.clock)
+        dec = self.decode  # DecodeGroup.block_need at its clock, inlined: read several times a step
+        return dec.phase[-dec.clock % dec.bs] if dec.n else 0
 
     def begin(self, plan: Plan) -> Batch:
         """Validate ``plan`` against the state and allocate its KV; the batch to execute."""
@@ -461,6 +483,16 @@ class ServingCore:
         self.last_latency = latency = t_end - self.now
         self.latency_ewma += LATENCY_EWMA_ALPHA * (latency - self.latency_ewma)
         self.now = t_end
+
+    def observe_stretch(self, ends: list[float]) -> None:
+        """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call."""
+        ewma, now = self.latency_ewma, self.now
+        latency = 0.0
+        for t_end in ends:
+            latency = t_end - now
+            ewma += LATENCY_EWMA_ALPHA * (latency - ewma)
+            now = t_end
+        self.last_latency, self.latency_ewma, self.now = latency, ewma, now
 
     def _decode_step(self, t_end: float) -> None:
         """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""

@@ -86,6 +86,12 @@ class CostModel(ABC):
     def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         """Seconds of decode-only iterations, vectorised over ``decode_context``."""
 
+    def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
+        """:meth:`iteration_time` of decode-only iterations, bit for bit, over an int64 array of
+        ``decode_context`` s: how the simulator prices a decode-only stretch in one call.
+        (:meth:`decode_times` groups its terms differently, so it may differ in the last bit.)"""
+        return np.array([self.iteration_time(num_decode, c, (), ()) for c in decode_context.tolist()])
+
     def prefill_time_alone(self, prompt_tokens: int) -> float:
         """Seconds to prefill one prompt in a single iteration on an idle engine."""
         return self.iteration_time(0, 0, (prompt_tokens,), (0,))
@@ -256,6 +262,16 @@ class RooflineCostModel(CostModel):
         gpu = self._engine_time(tokens, seqs) + self._layers * (self.linear_time(tokens) + attn)
         cpu = self._cpu + self._cpu_seq * seqs + (self._cpu_prefill if chunks else 0.0)
         return gpu if gpu > cpu else cpu
+
+    def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
+        # iteration_time's decode-only path, operation for operation: numpy's float64 ops round
+        # exactly as Python's, so every element equals the scalar call's result.
+        if num_decode <= 0:
+            return np.zeros(len(decode_context))
+        attn = self._dec_seq * num_decode + self._dec_tok * decode_context.astype(np.float64)
+        gpu = self._engine_time(num_decode, num_decode) + self._layers * (self.linear_time(num_decode) + attn)
+        cpu = self._cpu + self._cpu_seq * num_decode + 0.0
+        return np.where(gpu > cpu, gpu, cpu)
 
     def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         context = np.asarray(decode_context, dtype=np.float64)

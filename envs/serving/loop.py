@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,13 +48,28 @@ class IterationLog:
 
     def __init__(self) -> None:
         self.cols: dict[str, list[float]] = {name: [] for name in ITERATION_COLUMNS}
-        self._append = [col.append for col in self.cols.values()]
+        # The columns once more, in row order; plain lists, not bound appends, so that a deep copy
+        # (Simulator.fork) writes to its own columns.
+        self._columns = tuple(self.cols.values())
 
-    def append(self, *row: float) -> None:
-        for add, value in zip(self._append, row, strict=True):
-            add(value)
+    def append(
+        self,
+        start: float,
+        latency: float,
+        decode_tokens: int,
+        prefill_tokens: int,
+        prefill_seqs: int,
+        kv_used: int,
+    ) -> None:
+        a, b, c, d, e, f = self._columns
+        a.append(start)
+        b.append(latency)
+        c.append(decode_tokens)
+        d.append(prefill_tokens)
+        e.append(prefill_seqs)
+        f.append(kv_used)
 
-    def extend(self, **columns: list[float]) -> None:
+    def extend(self, **columns: Sequence[float]) -> None:
         for name, values in columns.items():
             self.cols[name].extend(values)
 

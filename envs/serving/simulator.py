@@ -10,6 +10,9 @@ shortage), which is what makes an hour-long production trace take seconds.
 from __future__ import annotations
 
 import copy
+import math
+
+import numpy as np
 
 from envs.serving.core import Batch, ServingConfig, ServingCore
 from envs.serving.cost_model import CostModel
@@ -19,6 +22,9 @@ from envs.serving.specs import HardwareSpec, ModelSpec
 from envs.serving.workloads.trace import Trace
 
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call
+STRETCH_MIN = 16  # stretches that may run this many iterations are computed with numpy
+
+Stretch = tuple[list[float], list[float], list[int]]  # end times, latencies, KV blocks used after
 
 
 class CostModelClock:
@@ -43,38 +49,89 @@ class CostModelClock:
 
         Exactly what :meth:`ServingLoop.step` would do with the only valid plan (step the
         decodes), minus the policy call and the plan validation, up to the next event: an
-        arrival, a finish, a KV-block shortage (preemption) or a stall violation.
+        arrival, a finish, a KV-block shortage (preemption) or a stall violation.  A long
+        stretch is priced and checked with numpy in a few calls (the same float operations
+        in the same order, so bit for bit the step-by-step result), a short one in Python.
         """
         dec = core.decode
         if core.queue or not dec.n or dec.joiners:
             return False
-        n, bs, phase = dec.n, dec.bs, dec.phase
+        n, clock, now = dec.n, dec.clock, core.now
         t_arr = core.next_arrival_time()
-        stop = min(dec.next_finish(), dec.clock + FAST_FORWARD_MAX)
-        free, stall = core.kv.free, core.slo.stall_s
-        used = core.kv.used
-        cost = self.cost.iteration_time
-        append = log.append
-        start_clock, now, allocated = dec.clock, core.now, 0
-        while dec.clock < stop and now < t_arr:  # a step starts only while no arrival is due
-            need = phase[-dec.clock % bs]
-            if allocated + need > free:
-                break
-            lat = cost(n, dec.context_sum(dec.clock), (), ())
-            end = now + lat
-            if end - dec.last_time > stall:
-                break
-            allocated += need
-            append(now, lat, n, 0, 0, used + allocated)
-            core.observe_time(end)
-            dec.record(end)
-            now = end
-        if dec.clock == start_clock:
+        limit = min(dec.next_finish(), clock + FAST_FORWARD_MAX) - clock
+        if limit <= 0 or now >= t_arr:
             return False
-        core.kv.allocate(allocated)
+        if limit >= STRETCH_MIN and t_arr < math.inf:
+            # Latencies grow with the context, so iterations past this one start after the arrival.
+            first = self.cost.iteration_time(n, dec.context_sum(clock), (), ())
+            if first > 0:
+                limit = min(limit, int((t_arr - now) / first) + 2)
+        if limit >= STRETCH_MIN:
+            stretch = self._stretch_numpy(core, limit, t_arr)
+        else:
+            stretch = self._stretch_python(core, limit, t_arr)
+        ends, latencies, kv_used = stretch
+        k = len(ends)
+        if not k:
+            return False
+        log.extend(
+            start=[now, *ends[:-1]],
+            latency=latencies,
+            decode_tokens=[n] * k,
+            prefill_tokens=[0] * k,
+            prefill_seqs=[0] * k,
+            kv_used=kv_used,
+        )
+        core.kv.allocate(kv_used[-1] - core.kv.used)
+        core.observe_stretch(ends)
+        dec.record_stretch(ends)
         for req in dec.pop_finished():
             core.finish(req, dec.leave(req))
         return True
+
+    def _stretch_python(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
+        """Up to ``limit`` iterations of the stretch, one by one: (end times, latencies, KV used)."""
+        dec = core.decode
+        n, bs, phase, clock = dec.n, dec.bs, dec.phase, dec.clock
+        free, stall, used = core.kv.free, core.slo.stall_s, core.kv.used
+        cost = self.cost.iteration_time
+        now, last, allocated = core.now, dec.last_time, 0
+        ends: list[float] = []
+        latencies: list[float] = []
+        kv_used: list[int] = []
+        for c in range(clock, clock + limit):
+            if now >= t_arr:  # a step starts only while no arrival is due
+                break
+            need = phase[-c % bs]
+            if allocated + need > free:
+                break
+            lat = cost(n, dec.context_sum(c), (), ())
+            end = now + lat
+            if end - last > stall:
+                break
+            allocated += need
+            ends.append(end)
+            latencies.append(lat)
+            kv_used.append(used + allocated)
+            now = last = end
+        return ends, latencies, kv_used
+
+    def _stretch_numpy(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
+        """:meth:`_stretch_python` in a few numpy calls: cumulative sums are sequential, as the loop's."""
+        dec = core.decode
+        clock = dec.clock
+        latency = self.cost.decode_iteration_times(dec.n, dec.context_sums(clock, limit))
+        times = np.empty(limit + 1)
+        times[0] = core.now
+        times[1:] = latency
+        np.cumsum(times, out=times)  # times[i]: start of iteration i, end of iteration i - 1
+        ends = times[1:]
+        previous = times[:-1].copy()
+        previous[0] = dec.last_time
+        allocated = np.cumsum(dec.block_needs(clock, limit))
+        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (ends - previous <= core.slo.stall_s)
+        k = limit if ok.all() else int(np.argmin(ok))
+        return ends[:k].tolist(), latency[:k].tolist(), (core.kv.used + allocated[:k]).tolist()
 
 
 class Simulator(ServingLoop):
