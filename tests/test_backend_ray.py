@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from chunkgym import REPO_ROOT
-from chunkgym.backends import ADDRESS_ENV_VAR, RayExecutor, _run_task, check_backend, ray_session, worker_env
+from chunkgym.backends import ADDRESS_ENV_VAR, RayExecutor, _run_task, check_backend, executor, worker_env
 from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.metrics import load_slo
 from leaderboard.parallel import JobError, parallel_map
@@ -114,8 +114,9 @@ def test_the_speculative_capacity_search_on_ray_finds_the_sequential_bracket(hea
         rel_tol=0.1,
     )
     reference = measure_capacities([query], early_stop=False, parallel=1)
-    with ray_session():  # reuses the head's connection
-        found = measure_capacities([query], early_stop=False, parallel=3, executor=RayExecutor())
+    with executor("ray", 3) as pool:  # on the head's connection
+        assert isinstance(pool, RayExecutor)
+        found = measure_capacities([query], early_stop=False, parallel=3, executor=pool)
     assert found[0].result == reference[0].result
     assert found[0].probes == reference[0].probes
     assert found[0].rps == reference[0].rps > 0
