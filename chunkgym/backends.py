@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 BACKENDS = ("local", "ray")
 ADDRESS_ENV_VAR = "RAY_ADDRESS"
 """The cluster ``backend=ray`` joins (``ray://`` or ``HOST:PORT``); unset: a fresh local instance."""
+LOOPBACK_ENV_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's single-node switch: "0" keeps every Ray server of a local instance on 127.0.0.1 (it binds
+to all interfaces otherwise); read when ray is first imported."""
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 """A locally started instance's shared-memory store: jobs pass traces and rows, never large arrays."""
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -58,14 +61,17 @@ def worker_env() -> dict[str, str]:
 @contextlib.contextmanager
 def ray_session(num_cpus: int | None = None) -> Iterator[None]:
     """Connected to Ray inside the block: to ``$RAY_ADDRESS``, else to a local instance started here
-    (``num_cpus``: its size; None: every core) and stopped at the end.  An existing connection is reused."""
+    (``num_cpus``: its size, None: every core; on loopback only) and stopped at the end.  An existing
+    connection is reused."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports leave the machine
+    address = os.environ.get(ADDRESS_ENV_VAR) or None
+    if address is None:
+        os.environ.setdefault(LOOPBACK_ENV_VAR, "0")
     import ray
 
     if ray.is_initialized():
         yield
         return
-    address = os.environ.get(ADDRESS_ENV_VAR) or None
     common: dict[str, Any] = {
         "runtime_env": {"env_vars": worker_env()},
         "logging_level": logging.WARNING,

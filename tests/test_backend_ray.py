@@ -15,13 +15,22 @@ from pathlib import Path
 import pytest
 
 from chunkgym import REPO_ROOT
-from chunkgym.backends import ADDRESS_ENV_VAR, RayExecutor, _run_task, check_backend, executor, worker_env
+from chunkgym.backends import (
+    ADDRESS_ENV_VAR,
+    LOOPBACK_ENV_VAR,
+    RayExecutor,
+    _run_task,
+    check_backend,
+    executor,
+    worker_env,
+)
 from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.metrics import load_slo
 from leaderboard.parallel import JobError, parallel_map
 from leaderboard.runs import SetupKey, cached_workload
 from policies.registry import make_policy
 
+os.environ.setdefault(LOOPBACK_ENV_VAR, "0")  # before Ray's first import: its servers on 127.0.0.1 only
 ray = pytest.importorskip("ray")
 
 TINY_GRID = (
@@ -55,8 +64,10 @@ def head() -> Iterator[str]:
         runtime_env={"env_vars": worker_env()},
         configure_logging=False,
     )
+    address = ray.get_runtime_context().gcs_address
+    assert address.startswith("127.0.0.1:"), address
     try:
-        yield ray.get_runtime_context().gcs_address
+        yield address
     finally:
         ray.shutdown()
 
