@@ -65,9 +65,13 @@ def ray_session(num_cpus: int | None = None) -> Iterator[None]:
     connection is reused."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports leave the machine
     address = os.environ.get(ADDRESS_ENV_VAR) or None
-    if address is None:
-        os.environ.setdefault(LOOPBACK_ENV_VAR, "0")
-    import ray
+    if address is None or _on_loopback(address):
+        os.environ.setdefault(LOOPBACK_ENV_VAR, "0")  # else Ray swaps 127.0.0.1 for the host's address
+    if (
+        address is not None and _token_available()
+    ):  # Ray >= 2.5x clusters check a token; sent in this mode only
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    import ray  # reads both settings
 
     if ray.is_initialized():
         yield
@@ -94,6 +98,17 @@ def ray_session(num_cpus: int | None = None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def _token_available() -> bool:
+    """Whether Ray would find a cluster token here: ``$RAY_AUTH_TOKEN(_PATH)`` or ``~/.ray/auth_token``."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+
+
+def _on_loopback(address: str) -> bool:
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 @contextlib.contextmanager
