@@ -67,10 +67,8 @@ def ray_session(num_cpus: int | None = None) -> Iterator[None]:
     address = os.environ.get(ADDRESS_ENV_VAR) or None
     if address is None or _on_loopback(address):
         os.environ.setdefault(LOOPBACK_ENV_VAR, "0")  # else Ray swaps 127.0.0.1 for the host's address
-    if (
-        address is not None and _token_available()
-    ):  # Ray >= 2.5x clusters check a token; sent in this mode only
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if address is not None and _token_available():
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # clusters check a token; sent in this mode only
     import ray  # reads both settings
 
     if ray.is_initialized():

@@ -73,8 +73,8 @@ def head() -> Iterator[str]:
 
 
 def evaluate(*args: str, address: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != ADDRESS_ENV_VAR}
-    env.update({ADDRESS_ENV_VAR: address} if address else {})
+    env = {k: v for k, v in os.environ.items() if k not in (ADDRESS_ENV_VAR, "RAY_AUTH_MODE")}
+    env.update({ADDRESS_ENV_VAR: address} if address else {})  # the tool finds the head's token itself
     return subprocess.run(
         [sys.executable, "evaluate.py", *args],
         cwd=REPO_ROOT,
