@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -152,9 +153,10 @@ def main(args: Options) -> None:
     with session(args.backend, args.n_jobs):
         found = parallel_map(fixed_capacity, jobs, args.n_jobs, "fixed", args.progress, args.backend)
         caps: dict[tuple[str, int], dict[tuple[int, Rule], float]] = {}
-        for job, scale in zip(jobs, found, strict=True):
-            caps.setdefault((job.workload, job.seed), {})[job.budget, job.rule] = scale
-        entries, bases = {}, {}
+        for fixed, scale in zip(jobs, found, strict=True):
+            caps.setdefault((fixed.workload, fixed.seed), {})[fixed.budget, fixed.rule] = scale
+        entries: dict[tuple[str, int], dict[str, Any]] = {}
+        bases: dict[tuple[str, int], tuple[int, Rule]] = {}
         for key, by_action in caps.items():
             sarathi = max((c, b) for (b, r), c in by_action.items() if r == Rule.FCFS)
             constant = max((c, b, int(r)) for (b, r), c in by_action.items())
