@@ -34,6 +34,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from chunkgym import REPO_ROOT
+from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import precheck
 from chunkgym.config import ConfigError, Rule, prefixed, schema, to_object
 from chunkgym.io import FolderLockedError, atomic_path, atomic_write_text, folder_lock
@@ -105,7 +106,8 @@ class EvaluateConfig:
     capacity_criteria: list[str] = field(
         default_factory=lambda: list(CRITERIA)
     )  # searched; others left blank
-    n_jobs: int = 0  # worker processes; 0: every core
+    n_jobs: int = 0  # worker processes; 0: every core (backend=ray: tasks in flight; 0: all)
+    backend: str = "local"  # local processes, or ray: the cluster at $RAY_ADDRESS (unset: a local one)
     progress: bool = True  # progress bar on stderr
     plots: bool = True  # write the PNG plots
     showcase: ShowcaseConfig = field(default_factory=ShowcaseConfig)
@@ -119,6 +121,7 @@ RULES: dict[str, Rule] = {
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
     "capacity_rel_tol": Rule(lambda v: 0 < v < 1, "a relative tolerance in (0, 1)"),
+    "backend": Rule(lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
 }
 """Ranges checked before anything runs (types are Hydra's; names and lists are checked by :func:`grid`)."""
 
@@ -231,9 +234,10 @@ def _unique(key: str, values: list) -> list:
 def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
     """Run the grid, write every file under ``out``, print the leaderboard, upload if a logger is on."""
     start = time.perf_counter()
-    n_jobs = conf.n_jobs or default_jobs()
-    log.info("%d rows on %d processes -> %s", len(grid.specs), n_jobs, out)
-    done: list[RowResult] = parallel_map(run_row, grid.specs, n_jobs, "evaluate", conf.progress)
+    log.info("%d rows on %s -> %s", len(grid.specs), _workers(conf), out)
+    done: list[RowResult] = parallel_map(
+        run_row, grid.specs, conf.n_jobs, "evaluate", conf.progress, conf.backend
+    )
     with atomic_path(out / "results.csv") as tmp:
         results = write_csv([d.row for d in done], tmp)
     with atomic_path(out / "results.json") as tmp:
@@ -255,6 +259,12 @@ def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
     log.info("evaluated %d rows in %.1f s; files in %s", len(grid.specs), time.perf_counter() - start, out)
 
 
+def _workers(conf: EvaluateConfig) -> str:
+    if conf.backend == "ray":
+        return f"Ray ({conf.n_jobs or 'all'} tasks in flight)"
+    return f"{conf.n_jobs or default_jobs()} processes"
+
+
 def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -> pd.DataFrame:
     """capacity.csv: per (policy, workload, seed) the load scale and request rate at capacity, per criterion."""
     bases = list(dict.fromkeys(dataclasses.replace(s, load_scale=1.0) for s in specs))
@@ -262,7 +272,7 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
     jobs = [
         CapacityJob(s, c, conf.capacity_rel_tol, conf.capacity_early_stop) for s in bases for c in searched
     ]
-    found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress))
+    found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress, conf.backend))
     rows = []
     for s in bases:
         row = {"policy": s.policy, "workload": s.workload, "seed": s.seed}
@@ -343,7 +353,8 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(f"evaluate.py: error: {exc}") from None
     if conf.validate:
         try:
-            rows, problems = validate(conf.validate, conf.n_jobs, conf.progress)
+            with session(conf.backend, conf.n_jobs):
+                rows, problems = validate(conf.validate, conf.n_jobs, conf.progress, conf.backend)
         except ValueError as exc:
             raise SystemExit(f"evaluate.py: error: {exc}") from exc
         for problem in problems[:MAX_REPORTED]:
@@ -373,7 +384,7 @@ def main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError) as exc:  # a bad name, value or file: the message says which
         raise SystemExit(f"evaluate.py: error: {exc}") from exc
     try:  # one evaluate.py per output folder, taken once the arguments are known to be good
-        with folder_lock(out, "evaluate.py"):
+        with folder_lock(out, "evaluate.py"), session(conf.backend, conf.n_jobs):  # one Ray connection
             evaluate(conf, grid, out)
     except FolderLockedError as exc:
         raise SystemExit(f"evaluate.py: error: {exc}") from None

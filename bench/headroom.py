@@ -10,7 +10,12 @@ requests within SLO, default model and hardware) of:
 
 The ratio oracle / sarathi is the ceiling a learned policy can aim for.
 
-    python bench/headroom.py ["workloads=[azure_conv,...]"] ["seeds=[0]"] [oracle=false]
+    python bench/headroom.py ["workloads=[azure_conv,...]"] ["seeds=[0]"] [oracle=false] [backend=ray]
+
+Every capacity search is one job (:mod:`chunkgym.backends`: ``backend=ray`` runs them on the
+cluster at ``$RAY_ADDRESS``, docs/cluster.md); the oracle's searches start once the fixed
+actions' are known. Each search is sequential and deterministic, so the table does not depend
+on the backend or ``n_jobs``.
 
 The last stdout line is one JSON object.
 """
@@ -18,31 +23,99 @@ The last stdout line is one JSON object.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 import chunkgym
+from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import hydra_cli
-from chunkgym.config import NON_EMPTY, POSITIVE
-from chunkgym.progress import Progress
+from chunkgym.config import NON_EMPTY, NON_NEGATIVE, POSITIVE
+from chunkgym.config import Rule as OptionRule
 from envs.serving.early import Attain90Stop
 from envs.serving.metrics import capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
-from envs.serving.workload import load_workload, workload_names
+from envs.serving.workload import Workload, load_workload, workload_names
+from leaderboard.parallel import parallel_map
+from leaderboard.runs import cached_workload
 from policies.oracle import DEFAULT_BUDGETS, DEFAULT_RULES, oracle_run
 
 SARATHI_BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+THRESHOLD = 0.9  # SLO attainment at capacity
 
 
-def attainment(setup, workload, seed, scale, budget, rule) -> float:
+def attainment(
+    setup: ServingSetup, workload: Workload, seed: int, scale: float, budget: int, rule: Rule
+) -> float:
     from baselines import Sarathi
 
     trace = workload.window("val", seed, scale)
     return setup.simulator(trace).run(Sarathi(budget, RULE_NAMES[rule])).metrics["slo_attainment"]
+
+
+@dataclass(frozen=True)
+class FixedSearch:
+    """The capacity of one fixed action (budget, allocation rule) on one val window: one job."""
+
+    workload: str
+    seed: int
+    budget: int
+    rule: Rule
+    rel_tol: float
+
+    @property
+    def label(self) -> str:
+        return f"budget {self.budget} {RULE_NAMES[self.rule]} on {self.workload}, seed {self.seed}"
+
+
+def fixed_capacity(job: FixedSearch) -> float:
+    setup, workload = ServingSetup.from_names(), cached_workload(job.workload)  # jobs run in workers
+    return capacity_search(
+        lambda s: attainment(setup, workload, job.seed, s, job.budget, job.rule) >= THRESHOLD,
+        rel_tol=job.rel_tol,
+    ).scale
+
+
+@dataclass(frozen=True)
+class OracleSearch:
+    """The hindsight oracle's capacity on one val window, from the best constant action: one job."""
+
+    workload: str
+    seed: int
+    base: tuple[int, Rule]
+    start: float
+    period_s: float
+    horizon_s: float
+    rel_tol: float
+    early_stop: bool  # end a probe once its attain90 outcome is proven (same answer)
+
+    @property
+    def label(self) -> str:
+        return f"oracle on {self.workload}, seed {self.seed}"
+
+
+def oracle_capacity(job: OracleSearch) -> tuple[float, float]:
+    """(capacity, wall seconds of the search); its probes are sequential, each one oracle run."""
+    setup, workload = ServingSetup.from_names(), cached_workload(job.workload)  # jobs run in workers
+    start = time.perf_counter()
+
+    def passes(scale: float) -> bool:
+        trace = workload.window("val", job.seed, scale)
+        sim = setup.simulator(trace)
+        proof = Attain90Stop.for_requests(len(trace))
+        stop = (lambda: proof(sim.core)) if job.early_stop else None
+        result, _ = oracle_run(
+            sim, job.base, DEFAULT_BUDGETS, DEFAULT_RULES, job.period_s, job.horizon_s, stop
+        )
+        if result.stopped:
+            return proof.passed(sim.core)
+        return bool(result.metrics["slo_attainment"] >= THRESHOLD)
+
+    scale = capacity_search(passes, start=job.start, rel_tol=job.rel_tol).scale
+    return scale, time.perf_counter() - start
 
 
 @dataclass
@@ -57,68 +130,76 @@ class Options:
     period_s: float = 4.0  # the oracle's decision period
     horizon_s: float = 24.0  # the oracle's rollout horizon
     rel_tol: float = 0.02  # the capacity search's relative bracket width
+    backend: str = "local"  # local processes, or ray: the cluster at $RAY_ADDRESS (unset: a local one)
+    n_jobs: int = 0  # searches at once; 0: every core (backend=ray: all of them)
+    progress: bool = False  # progress bars on stderr
     oracle_early_stop: bool = True  # end an oracle probe once its attain90 outcome is proven
 
 
 RULES = {"seeds": NON_EMPTY, "workloads": NON_EMPTY, "period_s": POSITIVE, "horizon_s": POSITIVE}
 RULES["rel_tol"] = POSITIVE
+RULES["n_jobs"] = NON_NEGATIVE
+RULES["backend"] = OptionRule(lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}")
+
+
+def fixed_jobs(args: Options) -> list[FixedSearch]:
+    """Every (workload, seed, budget, rule) searched: Sarathi's budgets with FCFS, the env's with every rule."""
+    return [
+        FixedSearch(name, seed, budget, rule, args.rel_tol)
+        for name in args.workloads
+        for seed in args.seeds
+        for budget in SARATHI_BUDGETS
+        for rule in (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
+        if rule == Rule.FCFS or budget in DEFAULT_BUDGETS
+    ]
 
 
 @hydra_cli(Options, "headroom", RULES)
 def main(args: Options) -> None:
     chunkgym.require_own_packages()
-    setup = ServingSetup.from_names()
-    report = {}
     for name in args.workloads:
-        workload = load_workload(name)
-        row = {}
-        for seed in args.seeds:
-            caps: dict[tuple[int, Rule], float] = {}
-            rules = (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
-            total = sum(1 for b in SARATHI_BUDGETS for r in rules if r == Rule.FCFS or b in DEFAULT_BUDGETS)
-            progress = Progress(f"headroom {name} seed {seed}", total)
-            for budget in SARATHI_BUDGETS:
-                for rule in rules:
-                    if rule != Rule.FCFS and budget not in DEFAULT_BUDGETS:
-                        continue
-                    progress.update(len(caps), "capacity searches")
-                    res = capacity_search(
-                        lambda s, w=workload, k=seed, b=budget, r=rule: (  # type: ignore[misc]  # mypy cannot type a lambda with defaults
-                            attainment(setup, w, k, s, b, r) >= 0.9
-                        ),
-                        rel_tol=args.rel_tol,
-                    )
-                    caps[(budget, rule)] = res.scale
-            sarathi = max((c, b) for (b, r), c in caps.items() if r == Rule.FCFS)
-            constant = max((c, b, int(r)) for (b, r), c in caps.items())
-            entry = {
+        load_workload(name)  # an unknown name fails before any search
+    jobs = fixed_jobs(args)
+    with session(args.backend, args.n_jobs):
+        found = parallel_map(fixed_capacity, jobs, args.n_jobs, "fixed", args.progress, args.backend)
+        caps: dict[tuple[str, int], dict[tuple[int, Rule], float]] = {}
+        for fixed, scale in zip(jobs, found, strict=True):
+            caps.setdefault((fixed.workload, fixed.seed), {})[fixed.budget, fixed.rule] = scale
+        entries: dict[tuple[str, int], dict[str, Any]] = {}
+        bases: dict[tuple[str, int], tuple[int, Rule]] = {}
+        for key, by_action in caps.items():
+            sarathi = max((c, b) for (b, r), c in by_action.items() if r == Rule.FCFS)
+            constant = max((c, b, int(r)) for (b, r), c in by_action.items())
+            bases[key] = (constant[1], Rule(constant[2]))
+            entries[key] = {
                 "sarathi": sarathi[0],
                 "sarathi_budget": sarathi[1],
                 "constant": constant[0],
                 "constant_action": [constant[1], RULE_NAMES[constant[2]]],
             }
-            progress.finish(len(caps), "capacity searches")
-            if args.oracle:
-                print(f"headroom {name} seed {seed}: oracle capacity search", file=sys.stderr, flush=True)
-                base = (constant[1], Rule(constant[2]))
-                start = time.perf_counter()
-
-                def oracle_passes(scale: float, workload=workload, seed=seed, base=base) -> bool:
-                    trace = workload.window("val", seed, scale)
-                    sim = setup.simulator(trace)
-                    proof = Attain90Stop.for_requests(len(trace))
-                    stop = (lambda: proof(sim.core)) if args.oracle_early_stop else None
-                    result, _ = oracle_run(
-                        sim, base, DEFAULT_BUDGETS, DEFAULT_RULES, args.period_s, args.horizon_s, stop
-                    )
-                    if result.stopped:
-                        return proof.passed(sim.core)
-                    return result.metrics["slo_attainment"] >= 0.9
-
-                res = capacity_search(oracle_passes, start=constant[0], rel_tol=args.rel_tol)
-                entry["oracle"] = res.scale
-                entry["oracle_wall_s"] = time.perf_counter() - start
-            row[seed] = entry
+        if args.oracle:
+            oracles = [
+                OracleSearch(
+                    w,
+                    s,
+                    bases[w, s],
+                    e["constant"],
+                    args.period_s,
+                    args.horizon_s,
+                    args.rel_tol,
+                    args.oracle_early_stop,
+                )
+                for (w, s), e in entries.items()
+            ]
+            searched = parallel_map(
+                oracle_capacity, oracles, args.n_jobs, "oracle", args.progress, args.backend
+            )
+            for job, (scale, wall_s) in zip(oracles, searched, strict=True):
+                entries[job.workload, job.seed].update(oracle=scale, oracle_wall_s=wall_s)
+    report = {}
+    for name in args.workloads:
+        row = {seed: entries[name, seed] for seed in args.seeds}
+        for seed, entry in row.items():
             print(f"{name:18s} seed {seed}: " + json.dumps(entry), flush=True)
         keys = ("sarathi", "constant", "oracle")
         summary = {

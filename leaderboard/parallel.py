@@ -1,4 +1,4 @@
-"""Map a function over jobs on a process pool with a progress bar; results in job order."""
+"""Map a function over jobs on a process pool or a Ray cluster with a progress bar; results in job order."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from joblib import Parallel, delayed
 from tqdm import tqdm
+
+from chunkgym.backends import RayExecutor, check_backend, ray_session
 
 
 class JobError(RuntimeError):
@@ -26,23 +29,58 @@ def default_jobs() -> int:
 
 
 def parallel_map(
-    fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int = 0, desc: str = "", progress: bool = True
+    fn: Callable[[Any], Any],
+    jobs: Sequence[Any],
+    n_jobs: int = 0,
+    desc: str = "",
+    progress: bool = True,
+    backend: str = "local",
 ) -> list[Any]:
-    """``[fn(job) for job in jobs]`` over ``n_jobs`` loky processes (0: all cores; 1: in this process).
+    """``[fn(job) for job in jobs]`` on ``backend`` (:mod:`chunkgym.backends`).
 
-    Each job is independent and deterministic, so the results do not depend on ``n_jobs`` or on
-    the order jobs finish in; they come back in job order. A failure raises :class:`JobError`
-    naming the job.
+    ``local``: over ``n_jobs`` loky processes (0: all cores; 1: in this process). ``ray``: as
+    Ray tasks, at most ``n_jobs`` in flight (0: all at once; the cluster queues them).
+    Each job is independent and deterministic, so the results do not depend on the backend,
+    ``n_jobs`` or the order jobs finish in; they come back in job order. A failure raises
+    :class:`JobError` naming the job.
     """
-    n_jobs = n_jobs or default_jobs()
+    check_backend(backend)
     results: list[Any] = [None] * len(jobs)
-    tasks = (delayed(_indexed)(fn, i, job, os.getpid()) for i, job in enumerate(jobs))
-    runner = Parallel(n_jobs=min(n_jobs, max(len(jobs), 1)), return_as="generator_unordered")
     with tqdm(total=len(jobs), desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
-        for i, result in runner(tasks):
+        done = _on_ray(fn, jobs, n_jobs) if backend == "ray" else _on_loky(fn, jobs, n_jobs)
+        for i, result in done:
             results[i] = result
             bar.update()
     return results
+
+
+def _on_loky(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int) -> Iterator[tuple[int, Any]]:
+    n_jobs = n_jobs or default_jobs()
+    tasks = (delayed(_indexed)(fn, i, job, os.getpid()) for i, job in enumerate(jobs))
+    runner = Parallel(n_jobs=min(n_jobs, max(len(jobs), 1)), return_as="generator_unordered")
+    yield from runner(tasks)
+
+
+def _on_ray(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int) -> Iterator[tuple[int, Any]]:
+    """(index, result) as Ray tasks finish; leaving early (an error, Ctrl-C) cancels the rest."""
+    width = n_jobs or max(len(jobs), 1)
+    queue = iter(enumerate(jobs))
+    with ray_session():
+        pool = RayExecutor()
+        running: dict[Future[Any], int] = {}
+        try:
+            while True:
+                for i, job in queue if len(running) < width else ():
+                    running[pool.submit(_labelled, fn, job)] = i
+                    if len(running) >= width:
+                        break
+                if not running:
+                    return
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    yield running.pop(future), future.result()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 _watched = False
@@ -70,7 +108,11 @@ def _exit_with_parent(parent: int) -> None:
 
 def _indexed(fn: Callable[[Any], Any], i: int, job: Any, parent: int) -> tuple[int, Any]:
     _exit_with_parent(parent)
+    return i, _labelled(fn, job)
+
+
+def _labelled(fn: Callable[[Any], Any], job: Any) -> Any:
     try:
-        return i, fn(job)
+        return fn(job)
     except Exception as exc:
         raise JobError(f"{getattr(job, 'label', job)}: {type(exc).__name__}: {exc}") from exc

@@ -22,7 +22,9 @@ UNCOMPARED = ("sim_wall_s", "git_commit", "source")
 """Wall-clock seconds, the commit that wrote the row, and the trace file's path on that machine."""
 
 
-def validate(path: str | Path, n_jobs: int = 0, progress: bool = True) -> tuple[int, list[str]]:
+def validate(
+    path: str | Path, n_jobs: int = 0, progress: bool = True, backend: str = "local"
+) -> tuple[int, list[str]]:
     """(rows checked, one message per differing value); raises ValueError for an unreadable row."""
     rows = read_rows(path)
     if not rows:
@@ -33,7 +35,7 @@ def validate(path: str | Path, n_jobs: int = 0, progress: bool = True) -> tuple[
             specs.append(RunSpec.from_row(row))
         except ValueError as exc:
             raise ValueError(f"{path}: row {i}: {exc}") from exc
-    fresh = parallel_map(run_row, specs, n_jobs, desc="validate", progress=progress)
+    fresh = parallel_map(run_row, specs, n_jobs, desc="validate", progress=progress, backend=backend)
     problems = []
     for i, (row, spec, result) in enumerate(zip(rows, specs, fresh, strict=True), 1):
         problems += compare(row, result.row, f"row {i} ({spec.label})")

@@ -157,7 +157,8 @@ def measure_capacities(
     """Every query's capacity, in order.
 
     ``parallel``: probes in flight, on ``executor`` (None: a local process pool of that many
-    workers); the searches' next probes go first, then speculative ones, nearest first.
+    workers; ``with chunkgym.backends.executor("ray", parallel) as pool``: a Ray cluster's tasks);
+    the searches' next probes go first, then speculative ones, nearest first.
     ``parallel=1`` runs the searches one after the other, each probe here when asked for.
     """
     if parallel < 1:
@@ -193,8 +194,10 @@ def speculative_search(
     """:func:`metrics.capacity_search` for each query with up to ``width`` probes in flight.
 
     Per query: its result and every probe run (its own and the speculative ones), by scale.
-    The executor is the backend: anything whose ``submit`` returns futures (a local
-    process pool, or Ray's).  Probes nearer the searches' current state go first.
+    The executor is the backend: anything whose ``submit`` returns futures (a local process
+    pool, or :class:`chunkgym.backends.RayExecutor`'s tasks).  Probes nearer the searches'
+    current state go first; those pending when the search ends are cancelled (a process pool
+    drops the queued ones; Ray also stops the running ones).
     """
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
