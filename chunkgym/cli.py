@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from chunkgym.config import ConfigError, Rule, one_line, schema, to_object
+from chunkgym.data import MissingDataError
 
 T = TypeVar("T")
 
@@ -78,7 +79,9 @@ def _compose(config_dir: str | None, config_name: str, overrides: Sequence[str])
 
 
 def _tool() -> str:
-    return Path(sys.argv[0]).name
+    """The command as typed: ``sarathi_capacity.py``, or ``python -m calibration`` for a package."""
+    path = Path(sys.argv[0])
+    return f"python -m {path.parent.name}" if path.name == "__main__.py" else path.name
 
 
 def _is_hydra_flag(args: Sequence[str]) -> bool:
@@ -175,7 +178,10 @@ def hydra_cli(
                 opts = load_options(cls, args, default_file, rules, config_name)
             except ConfigError as exc:
                 raise SystemExit(f"{_tool()}: error: {exc}") from None
-            return main(opts)
+            try:
+                return main(opts)
+            except MissingDataError as exc:  # one line naming the file and the fetch command
+                raise SystemExit(f"{_tool()}: error: {exc}") from None
 
         return run
 

@@ -35,6 +35,19 @@ from chunkgym import DATA_ENV_VAR, REPO_ROOT, SHIPPED_DATA, data_root
 
 MANIFEST = REPO_ROOT / "data" / "sources.json"
 FETCH_COMMAND = "python -m chunkgym.data fetch"
+
+
+class MissingDataError(Exception):
+    """A file the data folder lacks; every tool prints it as one line (it names :data:`FETCH_COMMAND`)."""
+
+
+class MissingDataFile(MissingDataError, FileNotFoundError):
+    """A missing profile or table, also a FileNotFoundError for callers that catch that."""
+
+    def __init__(self, what: str, path: Path | str) -> None:
+        super().__init__(f"{what} not found: {path}. Run `{FETCH_COMMAND}` (or `{FETCH_COMMAND} --from DIR`)")
+
+
 RAW_URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TIMEOUT_S = 60.0
 

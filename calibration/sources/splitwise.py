@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkgym.data import MissingDataFile
+
 COLUMNS = (
     "model",
     "hardware",
@@ -61,7 +63,7 @@ class Measurements:
 
 def read_perf_model(path: Path) -> pd.DataFrame:
     if not path.is_file():
-        raise FileNotFoundError(f"whole-request measurements not found: {path}")
+        raise MissingDataFile("whole-request measurements", path)
     table = pd.read_csv(path)
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkgym.data import MissingDataFile
+
 LAYER_OPS = (
     "input_layernorm",
     "attn_pre_proj",
@@ -132,7 +134,7 @@ def collective_times(path: Path, workers: int, collective: str) -> CollectiveTim
 
 def _read_csv(path: Path) -> pd.DataFrame:
     if not path.is_file():
-        raise FileNotFoundError(f"profile table not found: {path}")
+        raise MissingDataFile("profile table", path)
     return pd.read_csv(path)
 
 

@@ -34,7 +34,7 @@ from envs.serving.workloads.renewal import Renewal, check_seed
 from envs.serving.workloads.servegen import ServeGenSource, load_day
 from envs.serving.workloads.spec import WorkloadSpec
 from envs.serving.workloads.timed import TimedSource, infer_slot_s
-from envs.serving.workloads.trace import SPLITS, Source, Trace, TraceError
+from envs.serving.workloads.trace import SPLITS, MissingTraceError, Source, Trace, TraceError
 
 __all__ = ["SPLITS", "Trace", "TraceError", "Workload", "WorkloadSpec", "load_workload", "workload_names"]
 
@@ -155,7 +155,7 @@ def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Sou
     if not path.exists():
         if spec.allow_synthetic:
             return _synthetic(spec, None)
-        raise TraceError(
+        raise MissingTraceError(
             path,
             f"data file of workload {spec.name!r} not found (data root {base}). Run `{FETCH_COMMAND}` "
             f"(or `{FETCH_COMMAND} --from DIR` from a local copy), point {chunkgym.DATA_ENV_VAR} or data_root "

@@ -9,6 +9,8 @@ from typing import Protocol
 
 import numpy as np
 
+from chunkgym.data import MissingDataError
+
 SPLITS: dict[str, tuple[float, float]] = {
     "train": (0.0, 0.6),
     "val": (0.6, 0.8),
@@ -26,6 +28,10 @@ class TraceError(ValueError):
         where = self.path if line is None else f"{self.path}:{line}"
         what = "" if field is None else f"field {field!r}: "
         super().__init__(f"{where}: {what}{message}")
+
+
+class MissingTraceError(TraceError, MissingDataError):
+    """A workload's trace file the data folder lacks (tools print one line naming the fetch command)."""
 
 
 def split_fractions(split: str) -> tuple[float, float]:
