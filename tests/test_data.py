@@ -101,6 +101,24 @@ def test_train_py_reports_missing_data_in_one_line_without_a_traceback(tmp_path)
     assert len(lines) == 1 and lines[0].startswith("train.py: error:") and data.FETCH_COMMAND in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("command", "tool"),
+    [
+        (["bench/sarathi_capacity.py"], "sarathi_capacity.py"),
+        (["-m", "calibration", "out=OUT", "report=null"], "python -m calibration"),
+    ],
+)
+def test_tools_report_missing_data_in_one_line_without_a_traceback(tmp_path, command, tool) -> None:
+    env = {"CHUNKGYM_DATA": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in command]
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=chunkgym.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{tool}: error:") and data.FETCH_COMMAND in lines[0]
+
+
 def test_fetch_from_an_upstream_layout_mirror_writes_checked_files_and_packs_the_archive(tmp_path) -> None:
     loose = {"a.csv": b"x,y\n1,2\n", "LICENSE": b"MIT\n"}
     members = {"data/m/chunk-0-trace.csv": b"0,1\n", "data/m/chunk-0-dataset.json": b"{}"}
