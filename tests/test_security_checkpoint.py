@@ -17,6 +17,7 @@ from envs.serving.workload import Workload
 from policies.checkpoint import CheckpointError, read_checkpoint, restore, write_checkpoint
 from policies.config import register_configs, to_train_config
 from policies.training import HISTORY_FILE, Evaluator, load_model, make_vec_env, new_model, normalised
+from tests.mutations import mutated_folders
 
 OVERRIDES = [
     "+experiment=smoke",
@@ -176,37 +177,19 @@ def test_resume_forgets_a_best_policy_newer_than_its_checkpoint(trained, tmp_pat
 WRONG_VALUES = [None, True, 0, -1, 1e308, 2**70, "x", [], {}, [None], {"a": 1}, [{"params": "x"}], [1.5]]
 
 
-def _field_paths(obj, prefix=()):
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield (*prefix, key)
-            yield from _field_paths(value, (*prefix, key))
-    elif isinstance(obj, list) and obj and isinstance(obj[0], dict):
-        yield from _field_paths(obj[0], (*prefix, 0))
-
-
 def test_every_manifest_field_set_to_a_wrong_value_gives_a_checkpoint_error(cfg, trained, tmp_path):
     """Each field (optimizer groups and settings too) x 13 wrong values: CheckpointError or a clean load."""
-    manifest = json.loads((trained[1] / "checkpoint.json").read_text())
     model = _model(cfg, 256)
     cases, crashes = 0, []
-    for path in _field_paths(manifest):
-        for value in WRONG_VALUES:
-            changed = json.loads(json.dumps(manifest))
-            node = changed
-            for key in path[:-1]:
-                node = node[key]
-            node[path[-1]] = value
-            directory = tmp_path / str(cases)
-            directory.mkdir()
-            for name in ("policy.safetensors", "optimizer.safetensors", "vecnormalize.safetensors"):
-                (directory / name).symlink_to(trained[1] / name)
-            (directory / "checkpoint.json").write_text(json.dumps(changed))
-            cases += 1
-            try:
-                restore(model, read_checkpoint(directory, ALGO))
-            except CheckpointError:
-                pass
-            except Exception as exc:  # noqa: BLE001 - the point is to catch any other kind
-                crashes.append((path, value, repr(exc)))
+    others = ("policy.safetensors", "optimizer.safetensors", "vecnormalize.safetensors")
+    for path, value, directory in mutated_folders(
+        trained[1], "checkpoint.json", others, WRONG_VALUES, tmp_path
+    ):
+        cases += 1
+        try:
+            restore(model, read_checkpoint(directory, ALGO))
+        except CheckpointError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the point is to catch any other kind
+            crashes.append((path, value, repr(exc)))
     assert cases > 300 and not crashes, crashes[:5]

@@ -14,6 +14,7 @@ from envs.chunked_prefill import version_of
 from policies import exported
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
+from tests.mutations import mutated_folders
 
 N_FEATURES = len(version_of(ENV_ID).feature_names)
 
@@ -87,37 +88,19 @@ def test_an_oversized_manifest_is_refused_before_parsing(copy):
 WRONG_VALUES = [None, True, 0, -1, 1e308, "x", [], {}, [None], {"a": 1}, "obs_mean"]
 
 
-def _field_paths(obj, prefix=()):
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield (*prefix, key)
-            yield from _field_paths(value, (*prefix, key))
-
-
 def test_every_field_set_to_a_wrong_value_gives_an_export_error(original, tmp_path):
     """Each field (nested ones too) x 11 wrong values: always ExportError, never another exception."""
-    spec = json.loads((original / "policy.json").read_text())
     cases, escaped = 0, []
-    for path in _field_paths(spec):
-        for value in WRONG_VALUES:
-            changed = json.loads(json.dumps(spec))
-            node = changed
-            for key in path[:-1]:
-                node = node[key]
-            node[path[-1]] = value
-            directory = tmp_path / str(cases)
-            directory.mkdir()
-            for name in ("policy.safetensors", "policy.pt2"):
-                (directory / name).symlink_to(original / name)
-            (directory / "policy.json").write_text(json.dumps(changed))
-            cases += 1
-            try:
-                load_policy(directory)
-                escaped.append((path, value, "loaded"))
-            except ExportError:
-                pass
-            except Exception as exc:  # noqa: BLE001 - the point is to catch any other kind
-                escaped.append((path, value, repr(exc)))
+    others = ("policy.safetensors", "policy.pt2")
+    for path, value, directory in mutated_folders(original, "policy.json", others, WRONG_VALUES, tmp_path):
+        cases += 1
+        try:
+            load_policy(directory)
+            escaped.append((path, value, "loaded"))
+        except ExportError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the point is to catch any other kind
+            escaped.append((path, value, repr(exc)))
     # some values are legal for some fields (e.g. a note): they may load, they must not crash
     crashes = [e for e in escaped if e[2] != "loaded"]
     assert cases > 200 and not crashes, crashes[:5]
