@@ -20,8 +20,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from chunkgym.config import AT_LEAST_ONE, NON_EMPTY, Rule, prefixed, schema, to_object
 from chunkgym.tracking import LoggerConfig
+from envs.actions import NUM_LEVELS
 from envs.serving.core import ServingConfig
 from envs.serving.metrics import SLOSpec
+from envs.serving.scheduling import Rule as AllocationRule
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
 from envs.serving.workload import WorkloadSpec
@@ -176,6 +178,10 @@ RULES: dict[str, Rule] = {
     "eval.seeds": NON_EMPTY,
     "eval.baseline": Rule(
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
+    ),
+    "algo.bc_action": Rule(
+        lambda v: len(v) == 2 and 0 <= v[0] < NUM_LEVELS and 0 <= v[1] < len(AllocationRule),
+        f"a [budget level 0..{NUM_LEVELS - 1}, rule 0..{len(AllocationRule) - 1}] pair",
     ),
     "algo.bc_policies": Rule(
         lambda names: all(is_policy_name(n) for n in names),
