@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 
+from chunkgym import backends
 from envs.serving.early import Attain90Stop
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
 from envs.serving.scheduling import Policy
@@ -167,7 +168,7 @@ def measure_capacities(
     if parallel == 1:
         return [q.capacity(*_sequential(q, run)) for q, run in zip(queries, runs, strict=True)]
     if executor is None:
-        with ProcessPoolExecutor(parallel) as pool:
+        with backends.executor("local", parallel) as pool:
             found = speculative_search(queries, runs, pool, parallel)
     else:
         found = speculative_search(queries, runs, executor, parallel)
