@@ -42,11 +42,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 class FolderLockedError(RuntimeError):
     """Another process writes into the folder; the message names it and the holder's pid."""
 
