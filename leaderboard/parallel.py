@@ -13,7 +13,7 @@ from typing import Any
 from joblib import Parallel, delayed
 from tqdm import tqdm
 
-from chunkgym.backends import RayExecutor, check_backend, ray_session
+from chunkgym.backends import check_backend, executor
 
 
 class JobError(RuntimeError):
@@ -65,22 +65,18 @@ def _on_ray(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int) -> Itera
     """(index, result) as Ray tasks finish; leaving early (an error, Ctrl-C) cancels the rest."""
     width = n_jobs or max(len(jobs), 1)
     queue = iter(enumerate(jobs))
-    with ray_session():
-        pool = RayExecutor()
+    with executor("ray", n_jobs) as pool:
         running: dict[Future[Any], int] = {}
-        try:
-            while True:
-                for i, job in queue if len(running) < width else ():
-                    running[pool.submit(_labelled, fn, job)] = i
-                    if len(running) >= width:
-                        break
-                if not running:
-                    return
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    yield running.pop(future), future.result()
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        while True:
+            for i, job in queue if len(running) < width else ():
+                running[pool.submit(_labelled, fn, job)] = i
+                if len(running) >= width:
+                    break
+            if not running:
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield running.pop(future), future.result()
 
 
 _watched = False
