@@ -59,7 +59,8 @@ class Plugin:
 def plugin_config(additional_config: Any, environ: Mapping[str, str] = os.environ) -> PluginConfig:
     """The settings from ``additional_config[SECTION]`` over the ``CHUNKGYM_*`` variables."""
     source = f"vLLM additional_config[{SECTION!r}]"
-    section = (additional_config or {}).get(SECTION, {}) if isinstance(additional_config, Mapping) else None
+    extra = additional_config if additional_config is not None else {}
+    section = extra.get(SECTION, {}) if isinstance(extra, Mapping) else extra
     if not isinstance(section, Mapping):
         raise ConfigError(f"{source}: expected a mapping of chunkgym settings, got {section!r}")
     data: dict[str, Any] = {key: environ[var] for key, var in ENV_VARS.items() if environ.get(var)}

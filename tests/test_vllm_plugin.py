@@ -1,0 +1,133 @@
+"""The scheduler plugin inside the pinned vLLM (``pip install -e '.[dev,vllm]'``; skipped without it).
+
+One engine serves the module (start-up takes seconds): a 2-layer Llama with seeded random
+weights built here, never downloaded, run in-process on the CPU backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip(
+    "vllm",
+    reason="vLLM is not installed: pip install -e '.[dev,vllm]', then uninstall torchvision torchaudio torchcodec",
+)
+
+from baselines import Sarathi  # noqa: E402
+from envs.serving.scheduling import Policy  # noqa: E402
+
+SCHEDULER = "engine.vllm_backend.scheduler.ChunkgymScheduler"
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+MAX_BATCHED = 2048  # vLLM's step limit; every plan below is smaller, so the plan sets the budget
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    shape = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,  # head_dim 64: the CPU attention kernels take 32 and up
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(shape).save_pretrained(path)
+    return path
+
+
+def _llm(model_dir, policy: str):
+    from vllm import LLM
+
+    return LLM(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=MAX_BATCHED,
+        enable_prefix_caching=False,
+        scheduler_cls=SCHEDULER,
+        additional_config={"chunkgym": {"policy": policy}},
+    )
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in ENGINE_ENV.items():
+            mp.setenv(key, value)
+        llm = _llm(model_dir, "sarathi_256")
+        yield llm
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _scheduler(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def _serve(llm, policy: Policy, prompt_lens: list[int], max_tokens: int = 3):
+    """Serve prompts of these lengths (all queued at once) under ``policy``; the step records."""
+    from vllm import SamplingParams, TokensPrompt
+
+    sched = _scheduler(llm)
+    policy.reset(sched.view)
+    sched.chunkgym_policy, sched.steps = policy, []
+    prompts = [TokensPrompt(prompt_token_ids=[(i * 7 + n) % 500 + 1 for i in range(n)]) for n in prompt_lens]
+    llm.generate(
+        prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False), use_tqdm=False
+    )
+    steps, sched.steps = sched.steps, None
+    return steps
+
+
+def test_the_plugin_loads_by_name_with_the_named_policy(llm):
+    from engine.vllm_backend.scheduler import ChunkgymScheduler
+
+    sched = _scheduler(llm)
+    assert isinstance(sched, ChunkgymScheduler)
+    assert isinstance(sched.chunkgym_policy, Sarathi) and sched.chunkgym_policy.name == "sarathi_256"
+    assert sched.budget_limit == MAX_BATCHED and sched.view.block_size == sched.block_size
+
+
+def test_a_fixed_budget_is_carried_out_exactly(llm):
+    steps = _serve(llm, Sarathi(256), [1000])
+    assert all(s.agrees for s in steps)
+    assert [c for s in steps for c in s.chunks] == [(256, 0), (256, 256), (256, 512), (232, 768)]
+    assert [s.num_decode for s in steps] == [0, 0, 0, 0, 1, 1]  # then 2 decode steps of the 3 tokens
+    # two prompts and their decodes share each step's 256 tokens (decodes count against the budget)
+    steps = _serve(llm, Sarathi(256), [600, 500], max_tokens=8)
+    assert all(s.agrees for s in steps)
+    prefill = [s for s in steps if s.chunks]
+    assert [sum(s.scheduled.values()) for s in prefill[:-1]] == [256] * (len(prefill) - 1)
+    assert sum(q for s in steps for q, _ in s.chunks) == 1100
+    assert any(s.num_decode and s.chunks for s in steps)
+
+
+def _first_token_step(steps, prompt_len: int) -> int:
+    """The step whose chunk completes the prompt of this length (its first token)."""
+    return next(i for i, s in enumerate(steps) for q, c in s.chunks if q + c == prompt_len)
+
+
+@pytest.mark.parametrize(("rule", "shorter_first"), [("fcfs", False), ("shortest_first", True)])
+def test_waiting_prompts_get_prefill_in_the_policys_order(llm, rule, shorter_first):
+    steps = _serve(llm, Sarathi(256, rule), [900, 200])  # the longer prompt arrives first
+    assert all(s.agrees for s in steps)
+    long_done, short_done = _first_token_step(steps, 900), _first_token_step(steps, 200)
+    assert (short_done < long_done) is shorter_first
+    first = steps[0].chunks
+    assert first == ([(200, 0), (56, 0)] if shorter_first else [(256, 0)])
+
+
+def test_a_bad_policy_name_fails_at_engine_start(model_dir, monkeypatch):
+    for key, value in ENGINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=r"policy='nope': unknown policy 'nope'; valid names: ") as err:
+        _llm(model_dir, "nope")
+    assert "\n" not in str(err.value)
