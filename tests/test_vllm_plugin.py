@@ -96,11 +96,31 @@ def test_the_plugin_loads_by_name_with_the_named_policy(llm):
     assert sched.budget_limit == MAX_BATCHED and sched.view.block_size == sched.block_size
 
 
+def test_async_scheduling_builds_the_scheduler_over_async_scheduler():
+    """vLLM's default on GPUs (the CPU platform turns async scheduling off, so it is built, not run, here)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from engine.vllm_backend.scheduler import ChunkgymAsyncScheduler, ChunkgymScheduler
+
+    def built(async_scheduling: bool) -> type:
+        conf = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+        return type(ChunkgymScheduler.__new__(ChunkgymScheduler, vllm_config=conf))
+
+    assert built(True) is ChunkgymAsyncScheduler and built(False) is ChunkgymScheduler
+    assert issubclass(ChunkgymAsyncScheduler, AsyncScheduler) and issubclass(
+        ChunkgymAsyncScheduler, ChunkgymScheduler
+    )
+
+
 def test_a_fixed_budget_is_carried_out_exactly(llm):
     steps = _serve(llm, Sarathi(256), [1000])
     assert all(s.agrees for s in steps)
     assert [c for s in steps for c in s.chunks] == [(256, 0), (256, 256), (256, 512), (232, 768)]
     assert [s.num_decode for s in steps] == [0, 0, 0, 0, 1, 1]  # then 2 decode steps of the 3 tokens
+    assert [sum(s.emitted.values()) for s in steps] == [0, 0, 0, 1, 1, 1]
+    assert all(s.start_s < s.end_s for s in steps)
     # two prompts and their decodes share each step's 256 tokens (decodes count against the budget)
     steps = _serve(llm, Sarathi(256), [600, 500], max_tokens=8)
     assert all(s.agrees for s in steps)

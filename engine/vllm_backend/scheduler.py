@@ -27,7 +27,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.logger import init_logger
@@ -56,7 +56,8 @@ class StepRecord:
     num_decode: int  # decodes vLLM scheduled
     decode_context: int  # KV tokens they attend to, summed
     chunks: list[tuple[int, int]]  # prefill chunks vLLM scheduled: (query tokens, tokens already in KV)
-    end_s: float = math.nan  # when its output came back
+    end_s: float = math.nan  # time.time() when its output came back
+    emitted: dict[str, int] = field(default_factory=dict)  # tokens each request emitted at end_s
 
     @property
     def agrees(self) -> bool:
@@ -166,9 +167,10 @@ class ChunkgymScheduler(Scheduler):
             out, start, record = self._in_flight.popleft()
             if out is scheduler_output:
                 break
+        emitted = [(o.request_id, len(o.new_token_ids)) for group in outputs.values() for o in group.outputs]
         if record is not None:
             record.end_s = t
-        emitted = ((o.request_id, len(o.new_token_ids)) for group in outputs.values() for o in group.outputs)
+            record.emitted = {request_id: n for request_id, n in emitted if n}
         self.view.observe(emitted, t, t - max(start, self._last_end))
         self._last_end = t
         return outputs
