@@ -43,7 +43,7 @@ from engine.vllm_backend.config import load_plugin, plugin_config
 from engine.vllm_backend.view import VllmView, mirrored
 from envs.serving.scheduling import Plan
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm", so vLLM's log setup prints it
 
 
 @dataclass
