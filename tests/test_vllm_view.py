@@ -111,6 +111,17 @@ def test_token_times_are_checked_against_the_slo():
     assert req.violated and view.num_decode_doomed == 1 and view.min_tpot_slack() == math.inf
 
 
+def test_the_arrival_rate_does_not_depend_on_the_order_requests_reach_the_engine():
+    rates = []
+    for order in ((0.0, 1.0, 3.0), (3.0, 0.0, 1.0)):
+        view = _view()
+        for i, t in enumerate(order):
+            view.add(Engine(f"r{i}", t, 10), 0)
+        view.now = 4.0
+        rates.append(view.arrival_rate())
+    assert rates[0] == pytest.approx(rates[1]) and 0 < rates[0] < 3 / 10
+
+
 def test_a_prompt_past_its_ttft_bound_is_known_to_miss_and_finished_requests_leave():
     view = _view()
     e = Engine("late", 0.0, 10)

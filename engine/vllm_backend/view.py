@@ -103,8 +103,11 @@ class VllmView:
         req.prefix_hit = cached_tokens
         self.requests[req.request_id] = req
         t = req.arrival
-        self._rate = self._rate * math.exp((self._rate_t - t) / RATE_TAU_S) + 1.0 / RATE_TAU_S
-        self._rate_t = max(self._rate_t, t)
+        if t >= self._rate_t:
+            self._rate = self._rate * math.exp((self._rate_t - t) / RATE_TAU_S) + 1.0 / RATE_TAU_S
+            self._rate_t = t
+        else:  # arrived before the latest one counted (vLLM adds requests as they reach the engine)
+            self._rate += math.exp((t - self._rate_t) / RATE_TAU_S) / RATE_TAU_S
         self.prefix_hit_ewma += PREFIX_EWMA_ALPHA * (cached_tokens / req.prompt_len - self.prefix_hit_ewma)
 
     def refresh(
