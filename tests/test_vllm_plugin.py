@@ -6,6 +6,8 @@ weights built here, never downloaded, run in-process on the CPU backend.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 pytest.importorskip(
@@ -52,7 +54,6 @@ def _llm(model_dir, policy: str):
         max_model_len=4096,
         max_num_seqs=8,
         max_num_batched_tokens=MAX_BATCHED,
-        enable_prefix_caching=False,
         scheduler_cls=SCHEDULER,
         additional_config={"chunkgym": {"policy": policy}},
     )
@@ -72,16 +73,27 @@ def _scheduler(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def _serve(llm, policy: Policy, prompt_lens: list[int], max_tokens: int = 3):
-    """Serve prompts of these lengths (all queued at once) under ``policy``; the step records."""
+_TOKENS = random.Random(0)
+
+
+def _fresh(n: int) -> list[int]:
+    """A new random prompt of ``n`` tokens: no prefix-cache hit on earlier prompts."""
+    return [_TOKENS.randrange(1, 500) for _ in range(n)]
+
+
+def _serve(llm, policy: Policy, prompts: list[int] | list[list[int]], max_tokens: int = 3):
+    """Serve the prompts (token lists, or lengths of fresh ones), all queued at once, under ``policy``;
+    the step records."""
     from vllm import SamplingParams, TokensPrompt
 
     sched = _scheduler(llm)
     policy.reset(sched.view)
     sched.chunkgym_policy, sched.steps = policy, []
-    prompts = [TokensPrompt(prompt_token_ids=[(i * 7 + n) % 500 + 1 for i in range(n)]) for n in prompt_lens]
+    token_lists = [_fresh(p) if isinstance(p, int) else p for p in prompts]
     llm.generate(
-        prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False), use_tqdm=False
+        [TokensPrompt(prompt_token_ids=t) for t in token_lists],
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False),
+        use_tqdm=False,
     )
     steps, sched.steps = sched.steps, None
     return steps
@@ -128,6 +140,15 @@ def test_a_fixed_budget_is_carried_out_exactly(llm):
     assert [sum(s.scheduled.values()) for s in prefill[:-1]] == [256] * (len(prefill) - 1)
     assert sum(q for s in steps for q, _ in s.chunks) == 1100
     assert any(s.num_decode and s.chunks for s in steps)
+
+
+def test_prefix_cache_hits_are_planned_as_vllm_finds_them(llm):
+    block = _scheduler(llm).block_size  # 128 on the CPU backend
+    shared = _fresh(4 * block)
+    _serve(llm, Sarathi(256), [shared + _fresh(100)])
+    steps = _serve(llm, Sarathi(256), [shared + _fresh(200)])  # its first 4 blocks are cached
+    assert all(s.agrees for s in steps)
+    assert [c for s in steps for c in s.chunks] == [(200, 4 * block)]
 
 
 def _first_token_step(steps, prompt_len: int) -> int:
