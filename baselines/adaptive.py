@@ -19,7 +19,11 @@ BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's actio
 
 
 def adaptive_level(
-    view: ServingView, levels: Sequence[int], rule: Rule, target_s: float, admission: Admission = Admission.SKIP
+    view: ServingView,
+    levels: Sequence[int],
+    rule: Rule,
+    target_s: float,
+    admission: Admission = Admission.SKIP,
 ) -> tuple[int, Plan]:
     """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
     within ``target_s``; its index and plan (the smallest level if none fits)."""
