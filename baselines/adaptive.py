@@ -4,21 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envs.serving.scheduling import Plan, Policy, Rule, ServingView, plan_budget, plan_latency
+from envs.serving.scheduling import (
+    Admission,
+    Plan,
+    Policy,
+    Rule,
+    ServingView,
+    admission_named,
+    plan_budget,
+    plan_latency,
+)
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
 
 
-def adaptive_level(view: ServingView, levels: Sequence[int], rule: Rule, target_s: float) -> tuple[int, Plan]:
+def adaptive_level(
+    view: ServingView,
+    levels: Sequence[int],
+    rule: Rule,
+    target_s: float,
+    admission: Admission = Admission.SKIP,
+) -> tuple[int, Plan]:
     """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
     within ``target_s``; its index and plan (the smallest level if none fits)."""
     lo, hi = 0, len(levels) - 1
-    best = plan_budget(view, levels[0], rule)
+    best = plan_budget(view, levels[0], rule, admission=admission)
     if not view.queue:
         return 0, best
     while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
         mid = (lo + hi + 1) // 2
-        plan = plan_budget(view, levels[mid], rule)
+        plan = plan_budget(view, levels[mid], rule, admission=admission)
         if plan_latency(view, plan) <= target_s:
             lo, best = mid, plan
         else:
@@ -36,6 +51,8 @@ class Adaptive(Policy):
     :meth:`~envs.serving.scheduling.ServingView.min_tpot_slack`), capped by the stall bound:
     an iteration of that length keeps every such stream's TPOT so far within bound.  Needs the cost model, so it predicts with whatever model the
     backend was calibrated with (the simulator's, or the engine's fitted profile).
+    ``admission`` is chunkgym's skip-ahead by default (see
+    :class:`~envs.serving.scheduling.Admission`).
     """
 
     def __init__(
@@ -44,6 +61,7 @@ class Adaptive(Policy):
         rule: str = "fcfs",
         spend_slack: bool = False,
         levels: tuple[int, ...] = BUDGET_LEVELS,
+        admission: str = "skip",
     ) -> None:
         if target_fraction <= 0:
             raise ValueError(f"target_fraction must be > 0, got {target_fraction}")
@@ -51,6 +69,7 @@ class Adaptive(Policy):
         self.rule = Rule[rule.upper()]
         self.spend_slack = spend_slack
         self.levels = tuple(sorted(levels))
+        self.admission = admission_named(admission)
         self.name = "adaptive"
         self._target = 0.0
         self._stall = 0.0
@@ -67,4 +86,4 @@ class Adaptive(Policy):
         return min(self._stall, self._target + max(0.0, slack))
 
     def plan(self, view: ServingView) -> Plan:
-        return adaptive_level(view, self.levels, self.rule, self.target_s(view))[1]
+        return adaptive_level(view, self.levels, self.rule, self.target_s(view), self.admission)[1]

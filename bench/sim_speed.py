@@ -33,10 +33,23 @@ from chunkgym.config import AT_LEAST_ONE
 from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
+from envs.serving.workloads.trace import Trace
 from policies.registry import make_policy
 
 VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
+
+
+def native_trace(load: float = 1.0) -> Trace:
+    """All of AzureLLMInferenceTrace_conv at ``load`` x its recorded arrival rate (19,366 requests)."""
+    workload = load_workload("azure_conv")
+    # The workload's rate_scale sets its moderate load; undo it to replay the recorded times.
+    return workload.split("all", 0, load / workload.spec.rate_scale)
+
+
+def vidur_setup(cost_model: str) -> ServingSetup:
+    """Vidur's configuration: Llama-2-7B on one H100, TP1 (batch cap 256, 7,609 KV blocks of 16 tokens)."""
+    return ServingSetup.from_names("llama2_7b", "h100_80gb", 1, "strict", cost_model)
 
 
 def env_steps_per_s(env_id: str, steps: int, cost_model: str) -> float:
@@ -67,13 +80,10 @@ class Options:
 def main(args: Options) -> None:
     chunkgym.require_own_packages()
 
-    workload = load_workload("azure_conv")
-    # The workload's rate_scale sets its moderate load; undo it to replay the recorded times.
-    trace = workload.split("all", 0, 1.0 / workload.spec.rate_scale)
+    trace = native_trace()
     runs = {}
     for cost_model in ("calibrated", "roofline"):
-        setup = ServingSetup.from_names("llama2_7b", "h100_80gb", 1, "strict", cost_model)
-        sim = setup.simulator(trace)
+        sim = vidur_setup(cost_model).simulator(trace)
         print(f"{cost_model}: simulating {len(trace)} requests ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         result = sim.run(make_policy("sarathi_512"))

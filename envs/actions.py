@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.serving.scheduling import Plan, Rule, ServingView, plan_budget
+from envs.serving.scheduling import Admission, Plan, Rule, ServingView, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
@@ -39,9 +39,11 @@ def covering_level(view: ServingView) -> int:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """``MultiDiscrete([9, len(rules)])``: a budget level and an allocation rule (index into ``rules``)."""
+    """``MultiDiscrete([9, len(rules)])``: a budget level and an allocation rule (index into ``rules``),
+    planned with ``admission``."""
 
     rules: tuple[Rule, ...]
+    admission: Admission = Admission.SKIP
 
     @property
     def nvec(self) -> tuple[int, int]:
@@ -71,8 +73,10 @@ class ActionSpec:
 
     def plan(self, view: ServingView, level: int, rule: int) -> Plan:
         """The plan an action stands for: the shared planner at that budget and rule."""
-        level, rule = self.canonical(view, level, rule)
-        return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])
+        return self._plan_at(view, *self.canonical(view, level, rule))
+
+    def _plan_at(self, view: ServingView, level: int, rule: int) -> Plan:
+        return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule], admission=self.admission)
 
     def action_for(self, view: ServingView, plan: Plan) -> tuple[int, int]:
         """The valid action whose plan is ``plan`` (the smallest such level, then rule): how a
@@ -81,7 +85,7 @@ class ActionSpec:
         mask = self.mask(view)
         for rule in np.flatnonzero(mask[NUM_LEVELS:]):
             for level in np.flatnonzero(mask[:NUM_LEVELS]):
-                if _plan_key(plan_budget(view, BUDGET_LEVELS[level], self.rules[rule])) == want:
+                if _plan_key(self._plan_at(view, int(level), int(rule))) == want:
                     return int(level), int(rule)
         raise ValueError(f"no action of {self.rule_names} x budget levels gives the plan {want}")
 
@@ -92,6 +96,7 @@ def _plan_key(plan: Plan) -> tuple[bool, tuple[tuple[int, int], ...]]:
 
 ACTIONS_V0 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK))
 ACTIONS_V1 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK, Rule.SLACK_DOOMED_LAST))
+ACTIONS_V2 = ActionSpec(ACTIONS_V1.rules, Admission.STOP)  # (level, 0) is Sarathi-Serve at that budget
 
 # The v0 action space under its historical names.
 NVEC = ACTIONS_V0.nvec

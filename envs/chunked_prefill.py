@@ -18,7 +18,10 @@ it among waiting prompts (chunked prefill, as in Sarathi-Serve).
 meaning); rules are 0 = FCFS fill (partial prefills first, then arrival order),
 1 = shortest remaining prompt first, 2 = least TTFT slack first, and from v1
 3 = least TTFT slack first among prompts that can still meet TTFT, the ones already
-past it last.  Every fixed-budget Sarathi-Serve is the constant action ``(level, 0)``.
+past it last.  From v2 the planner admits new prompts as Sarathi-Serve and vLLM V1 do (the
+first that cannot start ends admission; v0 and v1 skip ahead to later prompts that fit), so every
+fixed-budget Sarathi-Serve (``sarathi_B``) is the constant action ``(level, 0)``; in v0 and
+v1 that action is ``sarathi_B`` with ``admission: skip`` (``sarathi_512_skip``).
 
 **Masks**: one valid action per distinct plan (see :mod:`envs.actions`), a flat bool
 array of length ``sum(nvec)`` (budget levels, then rules), from ``env.action_masks()``
@@ -75,7 +78,10 @@ batch timeline of the last iterations (:mod:`envs.render`).
 
 ## Version History
 
-* (both versions) end-of-episode metrics moved from ``info["episode"]`` to
+* v2: v1 with Sarathi-Serve's and vLLM V1's admission (``Admission.STOP``): a waiting
+  prompt that cannot start ends admission for the iteration; observations, rewards and the
+  action space as v1.
+* (v0 and v1) end-of-episode metrics moved from ``info["episode"]`` to
   ``info["serving"]``; ``info["action_mask"]``, render modes; observations and rewards
   unchanged.
 * v1: steps are decisions: iterations whose only valid action is forced (no prompt
@@ -97,7 +103,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.utils import RecordConstructorArgs
 
-from envs.actions import ACTIONS_V0, ACTIONS_V1, ActionSpec
+from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ActionSpec
 from envs.features import FEATURE_NAMES_V0, FEATURE_NAMES_V1, features_v0, features_v1
 from envs.render import ansi_line, timeline_image
 from envs.serving.core import ServingCore
@@ -138,6 +144,7 @@ class EnvVersion:
 VERSIONS: dict[int, EnvVersion] = {
     0: EnvVersion(0, features_v0, FEATURE_NAMES_V0, ACTIONS_V0, score_at_finish, False, ("azure_conv",)),
     1: EnvVersion(1, features_v1, FEATURE_NAMES_V1, ACTIONS_V1, score_at_first_token, True, TRAIN_WORKLOADS),
+    2: EnvVersion(2, features_v1, FEATURE_NAMES_V1, ACTIONS_V2, score_at_first_token, True, TRAIN_WORKLOADS),
 }
 LATEST_VERSION = max(VERSIONS)
 FORCED = StepDecodes()  # the policy of forced iterations (stateless)

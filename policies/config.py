@@ -61,11 +61,11 @@ class Activation(Choice):
 
 @dataclass
 class EnvConfig:
-    """Training episodes (see the env's docstring for each field); v1-only fields say so."""
+    """Training episodes (see the env's docstring for each field); fields of v1 and newer say "v1+"."""
 
-    id: str = "chunkgym/ChunkedPrefill-v1"  # the newest; or chunkgym/ChunkedPrefill-v0 (iteration steps, 16 features)
-    workloads: list[str] = field(default_factory=list)  # v1: more workloads to draw episodes from
-    common_inputs: bool = False  # v1: all envs replay the same (workload, window, load) per episode
+    id: str = "chunkgym/ChunkedPrefill-v2"  # the newest; or -v1 (skip-ahead admission), -v0 (iteration steps, 16 features)
+    workloads: list[str] = field(default_factory=list)  # v1+: more workloads to draw episodes from
+    common_inputs: bool = False  # v1+: all envs replay the same (workload, window, load) per episode
     tp: int = 1
     cost_model: str = "calibrated"  # calibrated | roofline | path of a coefficient file
     load_scale: list[float] = field(default_factory=lambda: [1.0, 2.5])  # [low, high], uniform per episode

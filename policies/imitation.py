@@ -37,7 +37,7 @@ import torch
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from baselines import Sarathi
+from baselines import Adaptive, Sarathi
 from chunkgym.progress import Progress
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.serving.scheduling import Policy
@@ -59,11 +59,16 @@ Teacher = tuple[int, int] | str
 
 
 def teacher_policy(env, teacher: Teacher) -> Policy:
-    """A fresh policy acting as ``teacher`` in ``env``'s action space."""
+    """A fresh policy acting as ``teacher`` in ``env``'s action space (its planners admit new
+    prompts as the env's version does, so their plans are the env's actions)."""
+    admission = env.actions.admission
     if isinstance(teacher, str):
-        return make_policy(teacher)
+        policy = make_policy(teacher)
+        if isinstance(policy, Sarathi | Adaptive):
+            policy.admission = admission
+        return policy
     level, rule = teacher
-    return Sarathi(BUDGET_LEVELS[level], env.actions.rule_names[rule])
+    return Sarathi(BUDGET_LEVELS[level], env.actions.rule_names[rule], admission.value)
 
 
 def best_teacher(env, candidates: list[Teacher]) -> Teacher:

@@ -108,7 +108,10 @@ def preset_policy(path: Path) -> Policy:
                 f"{path}: argument {key!r} of {target}: only plain values (numbers, strings, booleans, "
                 f"lists of them) are allowed, got {value!r}"
             )
-    return cls(**conf)
+    try:
+        return cls(**conf)
+    except (TypeError, ValueError) as exc:  # an unknown argument, or a value out of range
+        raise ValueError(f"{path}: {target}: {exc}") from None
 
 
 def _policy_class(path: Path, target: str) -> type[Policy]:

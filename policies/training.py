@@ -90,21 +90,21 @@ def serving_setup(cfg: TrainConfig) -> ServingSetup:
 def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> dict[str, Any]:
     """Arguments of the ``env.id`` env for training episodes (train split).
 
-    v1 draws each episode's workload from ``workload`` plus ``env.workloads``; with
+    v1 and newer draw each episode's workload from ``workload`` plus ``env.workloads``; with
     ``env.common_inputs`` every env replays the same inputs per episode index, from a
     seed that moves on when a run resumes at ``start_steps``.
     """
     e = cfg.env
-    version_of(e.id)  # fails early, naming the registered envs, on an unknown id
+    version = version_of(e.id)  # fails early, naming the registered envs, on an unknown id
     inputs: dict[str, Any]
-    if e.id == ENV_ID_V1:
+    if version.number >= 1:
         extra = [Workload.from_name(name, cfg.data_root) for name in e.workloads]
         inputs = {
             "workloads": [workload, *extra],
             "input_seed": cfg.seed + start_steps if e.common_inputs else None,
         }
     elif e.workloads or e.common_inputs:
-        raise ValueError(f"env.workloads and env.common_inputs need env.id={ENV_ID_V1}, not {e.id}")
+        raise ValueError(f"env.workloads and env.common_inputs need env.id={ENV_ID_V1} or newer, not {e.id}")
     else:
         inputs = {"workload": workload}
     return {

@@ -78,7 +78,7 @@ def test_engine_predicts_each_batch_with_the_cost_model(model):
 def test_preemption_recomputes_and_emits_the_same_greedy_tokens(model):
     tr = trace(n=16, seed=1)
     roomy_engine, roomy = paced(tr, setup(num_blocks=512), model, "sarathi_128")
-    tight_engine, tight = paced(tr, setup(num_blocks=64), model, "sarathi_128")
+    tight_engine, tight = paced(tr, setup(num_blocks=56), model, "sarathi_128")
     assert roomy.result.metrics["preemptions"] == 0
     assert tight.result.metrics["preemptions"] > 0
     assert tight.outputs == roomy.outputs
@@ -99,7 +99,7 @@ def test_outputs_are_the_models_greedy_continuation(model):
 
 
 def test_physical_blocks_follow_the_core_every_iteration(model):
-    tr, serving = trace(n=16, seed=1), setup(num_blocks=64)
+    tr, serving = trace(n=16, seed=1), setup(num_blocks=56)
     clock = VirtualClock()
     engine = Engine(tr, serving, model, clock=clock)
     engine.runner = PacedRunner(engine.core, clock, engine.runner)

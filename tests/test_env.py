@@ -12,11 +12,12 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
-from baselines import Sarathi
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS, action_mask, action_plan, canonical_action
+from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.chunked_prefill import LATEST_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
 from envs.serving.metrics import VLLM_COLUMNS
+from envs.serving.scheduling import plan_budget
 from policies.config import EnvConfig
+from policies.registry import make_policy
 
 KW = dict(workload="synthetic_azure_conv", cost_model="roofline", window_s=20.0)
 TRAJECTORIES = Path(__file__).parent / "fixtures" / "env_trajectories.npz"
@@ -30,6 +31,9 @@ PINNED = {
         dict(workloads=["synthetic_azure_conv"], window_scale=0.05, load_scale=(1.5, 2.5), input_seed=5),
     ),
 }
+
+
+KV_PRESSURE = {"num_blocks": 1500}  # prompts wait on KV, so the admission rules give different runs
 
 
 def make_env(**kw) -> ChunkedPrefillEnv:
@@ -46,16 +50,18 @@ def test_registered_and_passes_both_checkers():
 
 
 def test_one_class_for_every_version_and_the_newest_is_the_default():
-    specs = [gym.spec(env_id) for env_id in (envs.ENV_ID_V0, envs.ENV_ID_V1)]
+    specs = [gym.spec(env_id) for env_id in (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2)]
     assert {s.entry_point for s in specs} == {"envs.chunked_prefill:ChunkedPrefillEnv"}
-    assert [s.kwargs["version"] for s in specs] == [0, 1]
-    assert envs.ENV_ID == envs.ENV_ID_V1 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
+    assert [s.kwargs["version"] for s in specs] == [0, 1, 2]
+    assert envs.ENV_ID == envs.ENV_ID_V2 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
     assert EnvConfig().id == envs.ENV_ID  # what train.py trains on
     assert (
         ChunkedPrefillEnv(cost_model="roofline", workload="synthetic_azure_conv").version.number
         == LATEST_VERSION
     )
-    assert version_of(envs.ENV_ID_V0) is VERSIONS[0] and version_of(envs.ENV_ID_V1) is VERSIONS[1]
+    assert [version_of(i) for i in (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2)] == [
+        VERSIONS[v] for v in range(3)
+    ]
     with pytest.raises(
         ValueError, match=r"'chunkgym/ChunkedPrefill-v9' is not registered; chunkgym envs: \["
     ):
@@ -133,19 +139,22 @@ def test_same_seed_same_trajectory_bit_for_bit():
     assert not np.array_equal(a_obs[: len(c_obs)], c_obs[: len(a_obs)])
 
 
-def test_masked_actions_map_to_valid_ones_with_the_same_plan():
-    env = make_env(load_scale=3.0)
+@pytest.mark.parametrize("version", [0, 2])
+def test_masked_actions_map_to_valid_ones_with_the_same_plan(version):
+    env = make_env(version=version, load_scale=3.0, serving=KV_PRESSURE)
+    spec = env.actions
     env.reset(seed=1)
     rng = np.random.default_rng(0)
     checked = 0
     for _ in range(300):
         view = env.sim.view
-        mask = action_mask(view)
+        mask = spec.mask(view)
         for level in range(NUM_LEVELS):
-            for rule in range(3):
-                canon = canonical_action(view, level, rule)
+            for rule in range(len(spec.rules)):
+                canon = spec.canonical(view, level, rule)
                 assert mask[canon[0]] and mask[NUM_LEVELS + canon[1]]
-                p, q = action_plan(view, level, rule), action_plan(view, *canon)
+                p = plan_budget(view, BUDGET_LEVELS[level], spec.rules[rule], admission=spec.admission)
+                q = spec.plan(view, *canon)
                 assert p.decode == q.decode
                 assert [(r.rid, n) for r, n in p.chunks] == [(r.rid, n) for r, n in q.chunks]
                 checked += 1
@@ -172,19 +181,28 @@ def test_episode_return_equals_good_minus_bad_and_tracks_goodput():
     assert total == pytest.approx(2 * ep["goodput_rps"] * env.sim.trace.span_s - n)
 
 
-def test_constant_action_is_sarathi():
-    env = make_env(load_scale=2.0)
+SKIP, STOP = "sarathi_512_skip", "sarathi_512"
+
+
+@pytest.mark.parametrize("version, preset, other", [(0, SKIP, STOP), (1, SKIP, STOP), (2, STOP, SKIP)])
+def test_constant_action_is_sarathi(version, preset, other):
+    """(level, 0) is Sarathi at that budget, with the version's admission: v0 and v1 skip ahead,
+    v2 stops at the first prompt that does not fit (Sarathi-Serve's ``sarathi_512``)."""
+    env = make_env(version=version, load_scale=2.0, serving=KV_PRESSURE)
     env.reset(seed=4)
     trace = env.sim.trace
     level = BUDGET_LEVELS.index(512)
     while not env.step(np.array([level, 0]))[3]:
         pass
     env_times = env.sim.core.token_times
-    ref = env.setup.simulator(trace).run(Sarathi(512))
+    ref, unlike = (env.setup.simulator(trace).run(make_policy(name)).token_times for name in (preset, other))
     # the env stops once every request is decided; compare the ones it finished
     for rid, times in env_times.items():
-        np.testing.assert_array_equal(times, ref.token_times[rid])
+        np.testing.assert_array_equal(times, ref[rid])
     assert len(env_times) > 0.5 * len(trace)
+    assert any(not np.array_equal(times, unlike[rid]) for rid, times in env_times.items()), (
+        "rules differ here"
+    )
 
 
 def test_bad_arguments_fail_clearly():

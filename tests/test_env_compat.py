@@ -1,4 +1,4 @@
-"""Both env versions under the libraries' own conventions: Gymnasium's wrappers and vector envs,
+"""Every env version under the libraries' own conventions: Gymnasium's wrappers and vector envs,
 SB3's Monitor and PPO, sb3-contrib's MaskablePPO, a CleanRL-style loop; masks, renders, imports."""
 
 import os
@@ -22,10 +22,10 @@ from envs.serving.simulator import IterationLog
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.filterwarnings("ignore:.*ChunkedPrefill-v0 is out of date"),
+    pytest.mark.filterwarnings("ignore:.*ChunkedPrefill-v[01] is out of date"),
 ]
 ROOT = Path(__file__).resolve().parent.parent
-IDS = [envs.ENV_ID_V0, envs.ENV_ID_V1]
+IDS = [envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2]
 # max_steps truncates v0's long episodes, so every test sees episodes end
 KW = dict(
     workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=2.0, load_scale=2.0, max_steps=24

@@ -1,7 +1,8 @@
-"""chunkgym/ChunkedPrefill-v1: decision-level steps, the earlier-credit reward, common inputs."""
+"""chunkgym/ChunkedPrefill-v1 (and v2, v1 with the stop admission): decision-level steps, the earlier-credit reward, common inputs."""
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
@@ -30,8 +31,9 @@ def _rollout(env, seed):
     return total, info
 
 
-def test_registered_with_its_spaces_and_passes_both_checkers():
-    env = gym.make(envs.ENV_ID_V1, **KW)
+@pytest.mark.parametrize("env_id", [envs.ENV_ID_V1, envs.ENV_ID_V2])
+def test_registered_with_its_spaces_and_passes_both_checkers(env_id):
+    env = gym.make(env_id, **KW)
     assert env.action_space.nvec.tolist() == [9, 4]
     assert env.observation_space.shape == (len(FEATURE_NAMES_V1),)
     check_env(env.unwrapped)

@@ -18,8 +18,9 @@ from envs.serving.early import Attain90Stop
 from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
-from policies.imitation import best_teacher, clone, collect, teacher_labels
+from policies.imitation import best_teacher, clone, collect, teacher_labels, teacher_policy
 from policies.oracle import oracle_run
+from policies.registry import make_policy
 from policies.training import make_env
 
 ENV_KW = dict(workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=20.0, load_scale=(1.0, 3.0))
@@ -54,7 +55,9 @@ def test_best_teacher_is_the_candidate_with_the_highest_attainment(venv):
     candidates = [(lv, r) for lv in (2, 4, 6) for r in (0, 1)] + ["adaptive_srpf"]
     chosen = best_teacher(env, candidates)
     run = env.setup.simulator(env.sim.trace).run
-    scores = {c: run(Sarathi(BUDGET_LEVELS[c[0]], env.actions.rule_names[c[1]])) for c in candidates[:-1]}
+    scores = {
+        c: run(Sarathi(BUDGET_LEVELS[c[0]], env.actions.rule_names[c[1]], "skip")) for c in candidates[:-1]
+    }
     scores["adaptive_srpf"] = run(Adaptive(rule="shortest_first"))
     attain = {c: r.metrics["slo_attainment"] for c, r in scores.items()}
     assert attain[chosen] == max(attain.values())
@@ -103,6 +106,28 @@ def test_a_heuristic_teacher_is_labelled_with_the_action_that_gives_its_plan(ven
         )
         if env.step(np.array([level, rule]))[3]:
             break
+
+
+@pytest.mark.parametrize("env_id", [envs.ENV_ID_V1, envs.ENV_ID_V2])
+def test_teachers_plan_with_the_admission_of_the_envs_version(env_id):
+    """Under KV pressure FCFS heuristics skip-ahead and stop admission plan differently: a teacher
+    acting in v2 (stop) admits as v2 does, so every plan it makes is one of v2's actions."""
+    env = gym.make(env_id, serving={"num_blocks": 600}, **ENV_KW).unwrapped
+    env.reset(seed=4)
+    teacher = teacher_policy(env, "adaptive")
+    assert teacher.admission is env.actions.admission is teacher_policy(env, (3, 0)).admission
+    teacher.reset(env.sim.view)
+    steps = 0
+    while not env.step(np.array(env.actions.action_for(env.sim.view, teacher.plan(env.sim.view))))[3]:
+        steps += 1
+    assert steps > 100
+    if env_id == envs.ENV_ID_V2:  # the skip-ahead heuristic as shipped is not a v2 policy
+        env.reset(seed=4)
+        skip = make_policy("adaptive")
+        skip.reset(env.sim.view)
+        with pytest.raises(ValueError, match="no action"):
+            while not env.step(np.array(env.actions.action_for(env.sim.view, skip.plan(env.sim.view))))[3]:
+                pass
 
 
 def test_collect_rejects_an_unknown_teacher(venv):

@@ -1,11 +1,12 @@
-"""Simulator invariants over generated workloads and random valid actions (hypothesis)."""
+"""Simulator invariants over generated workloads, random valid actions and both admission rules (hypothesis)."""
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.actions import NUM_LEVELS, NUM_RULES, action_mask, action_plan
+from envs.actions import ACTIONS_V0, NUM_LEVELS, NUM_RULES, ActionSpec
 from envs.serving.request import Status
+from envs.serving.scheduling import Admission
 from tests.simtools import make_sim, make_trace
 
 
@@ -25,13 +26,15 @@ def workloads(draw):
             st.tuples(st.integers(0, NUM_LEVELS - 1), st.integers(0, NUM_RULES - 1)), min_size=1, max_size=50
         )
     )
-    return np.cumsum(gaps), prompts, outputs, hashes, blocks, actions
+    admission = draw(st.sampled_from(list(Admission)))
+    return np.cumsum(gaps), prompts, outputs, hashes, blocks, actions, admission
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_invariants_hold_after_every_iteration(w):
-    arrivals, prompts, outputs, hashes, blocks, actions = w
+    arrivals, prompts, outputs, hashes, blocks, actions, admission = w
+    spec = ActionSpec(ACTIONS_V0.rules, admission)
     trace = make_trace(arrivals, prompts, outputs, hashes=hashes, unit=64 if hashes else 0)
     sim = make_sim(trace, num_blocks=blocks)
     core = sim.core
@@ -40,9 +43,9 @@ def test_invariants_hold_after_every_iteration(w):
     while sim.advance_to_work():
         view = sim.view
         level, rule = actions[step % len(actions)]
-        mask = action_mask(view)
+        mask = spec.mask(view)
         assert mask[:NUM_LEVELS].any() and mask[NUM_LEVELS:].any()
-        sim.step(action_plan(view, level, rule))
+        sim.step(spec.plan(view, level, rule))
         step += 1
         core.kv.check()
         assert core.kv.used + core.kv.free == core.kv.total

@@ -17,8 +17,10 @@ it, no prefill runs); the rest goes to prefill chunks in the order of an allocat
 :class:`Rule`, limited by free KV blocks and the batch-slot limit.  Work is sized by
 the tokens left after prefix-cache hits (``Request.remaining_prefill``), never the raw
 prompt length.  A prompt starts only when a batch slot and KV blocks for all of its
-remaining prefill are free (vLLM's admission rule, :func:`may_prefill`), so partial
-prefills rarely wait on memory; the core preempts if they ever deadlock.  The core
+remaining prefill are free (vLLM's ``scheduler_reserve_full_isl``, :func:`may_prefill`), so
+partial prefills rarely wait on memory; the core preempts if they ever deadlock.  What
+happens to the prompts behind one that cannot start is the :class:`Admission` rule: vLLM
+V1 and Sarathi-Serve end admission there, chunkgym's v0/v1 env skips ahead.  The core
 validates plans with the same admission arithmetic, which is why it lives here.
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
@@ -32,7 +34,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
@@ -49,6 +51,23 @@ class Rule(IntEnum):
 
 
 RULE_NAMES = tuple(r.name.lower() for r in Rule)
+
+
+class Admission(Enum):
+    """What the prompts behind a waiting prompt that cannot start (no batch slot, or no KV room
+    for its whole remaining prompt) do in that iteration; running prompts always continue."""
+
+    SKIP = "skip"  # later prompts of the lookahead that fit start (chunkgym's env v0 and v1)
+    STOP = "stop"  # it ends admission, later prompts wait: vLLM V1 and Sarathi-Serve (a ``break``)
+
+
+def admission_named(name: str) -> Admission:
+    """The :class:`Admission` called ``name``; ValueError naming the valid ones otherwise."""
+    try:
+        return Admission(name)
+    except ValueError:
+        valid = ", ".join(a.value for a in Admission)
+        raise ValueError(f"admission must be one of {valid}, got {name!r}") from None
 
 
 @dataclass
@@ -223,11 +242,18 @@ def _remaining_key(r: Request) -> tuple[int, int]:
     return (r.target - r.computed, r.seq)
 
 
-def plan_budget(view: ServingView, budget: int, rule: Rule = Rule.FCFS, with_decodes: bool = True) -> Plan:
+def plan_budget(
+    view: ServingView,
+    budget: int,
+    rule: Rule = Rule.FCFS,
+    with_decodes: bool = True,
+    admission: Admission = Admission.SKIP,
+) -> Plan:
     """The shared planner: all decodes, then prefill chunks by ``rule`` within ``budget`` tokens.
 
     With ``with_decodes=False`` the decodes wait this iteration and the whole budget
-    goes to prefill (prefill-first engines).
+    goes to prefill (prefill-first engines).  ``admission`` decides whether a waiting prompt
+    that cannot start blocks the ones after it in ``rule``'s order (see :class:`Admission`).
     """
     n_dec = view.num_decode if with_decodes else 0
     left = budget - n_dec
@@ -237,8 +263,15 @@ def plan_budget(view: ServingView, budget: int, rule: Rule = Rule.FCFS, with_dec
     bs = view.block_size
     free = view.free_blocks
     slots = view.free_slots
+    stop = admission is Admission.STOP
+    admitting = True
     for req in rule_order(view, rule):
+        running = req.running
+        if not (running or admitting):
+            continue
         if not may_prefill(bs, req, free, slots):
+            if stop and not running:
+                admitting = False  # it ends admission: the prompts behind it wait
             continue
         n = min(req.target - req.computed, left)
         need = blocks_needed(bs, req, n)
@@ -248,10 +281,15 @@ def plan_budget(view: ServingView, budget: int, rule: Rule = Rule.FCFS, with_dec
         plan.chunks.append((req, n))
         left -= n
         free -= need
-        if not req.running:
+        if not running:
             slots -= 1
         if left <= 0:
             break
+    if stop and not plan.chunks and not view.num_decode and not view.num_prefilling:
+        # Nothing runs, so the blocked prompt (which fits the empty cache: the core rejects any that
+        # cannot) waits only on prefix blocks other queued prompts pin. vLLM pins none and would evict
+        # them; chunkgym keeps them, so rather than idle, the next prompt that fits starts.
+        return plan_budget(view, budget, rule, with_decodes, Admission.SKIP)
     return plan
 
 
