@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import Plan, Policy, ServingView, blocks_needed, plan_budget
+from envs.serving.scheduling import Admission, Plan, Policy, ServingView, blocks_needed, plan_budget
 
 
 class PrefillFirst(Policy):
@@ -15,6 +15,9 @@ class PrefillFirst(Policy):
       stalls for the whole prefill: the problem chunked prefill solves.
     * ``whole_prompts=False`` (``sglang``): SGLang's default (chunked prefill, mixed
       chunks off): prompts cut into chunks of ``max_batched_tokens``, still ahead of decodes.
+
+    Both stop admitting at the first waiting prompt that does not fit, as the two systems do
+    (vLLM's ``break``; SGLang's ``get_new_batch_prefill`` breaks on ``AddReqResult.NO_TOKEN``).
     """
 
     def __init__(self, max_batched_tokens: int = 0, whole_prompts: bool = True) -> None:
@@ -30,7 +33,7 @@ class PrefillFirst(Policy):
             plan = (
                 self._whole(view)
                 if self.whole_prompts
-                else plan_budget(view, self._limit, with_decodes=False)
+                else plan_budget(view, self._limit, with_decodes=False, admission=Admission.STOP)
             )
             if plan.chunks:
                 return plan

@@ -70,6 +70,16 @@ def test_a_head_waiting_only_on_prefixes_pinned_behind_it_does_not_stall_the_eng
     sim.core.kv.check()
 
 
+@pytest.mark.parametrize("name", ["sglang_8192", "fcfs"])
+def test_prefill_first_engines_stop_at_the_blocked_prompt_too(name):
+    """SGLang's ``get_new_batch_prefill`` breaks on the first request it cannot add, as vLLM does."""
+    sim = _blocked_head_sim()
+    res = sim.run(make_policy(name))
+    assert res.metrics["finished"] == 3
+    first = {r.rid: r.first_scheduled for r in sim.core.requests}
+    assert first[2] >= first[1]  # under skip, r2 would start at 0.5 s while r1 waits
+
+
 def test_named_baselines_use_their_systems_admission(tmp_path, monkeypatch):
     assert make_policy("sarathi_512").admission is Admission.STOP
     assert make_policy("vllm_v1_8192").admission is Admission.STOP
