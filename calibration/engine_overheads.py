@@ -57,17 +57,18 @@ def read_host_csv(path: Path) -> tuple[str, list[dict[str, str]]]:
 
 
 def fit_vllm_host(path: Path = VLLM_HOST_CSV) -> HostFit:
-    """NNLS on relative error: host = fixed + per_seq * S + per_token * prefill tokens.
-
-    A decode step of ``S`` requests has ``S`` sequences; a prefill step of ``Q`` tokens one
-    sequence and ``Q`` tokens (decode tokens are counted per sequence, not per token)."""
+    """NNLS on relative error: host = fixed + per_seq * S + per_token * T, counted as the cost model
+    counts them (a decode step of ``S`` requests: ``S`` sequences and ``S`` tokens; a prefill step
+    of ``Q`` tokens: one sequence and ``Q`` tokens)."""
     header, rows = read_host_csv(path)
     try:
-        seqs = np.array([max(int(r["decode_seqs"]), 1) for r in rows], dtype=np.float64)
-        tokens = np.array([int(r["prefill_tokens"]) for r in rows], dtype=np.float64)
+        decodes = np.array([int(r["decode_seqs"]) for r in rows], dtype=np.float64)
+        prefill = np.array([int(r["prefill_tokens"]) for r in rows], dtype=np.float64)
         host = np.array([float(r["host_s"]) for r in rows], dtype=np.float64)
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{path}: bad row ({exc})") from None
+    seqs = decodes + (prefill > 0)
+    tokens = decodes + prefill
     if len(rows) < 3:
         raise ValueError(f"{path}: need at least 3 measured shapes, got {len(rows)}")
     a = np.stack([np.ones_like(seqs), seqs, tokens], axis=1) / host[:, None]
