@@ -71,7 +71,7 @@ def device_profile(opts: Options, conf: ReplayConfig) -> dict[str, Any]:
         model=opts.profile_model,
         out=opts.out,
         device=conf.device,
-        dtype=conf.dtype,
+        dtype=conf.dtype or ("bfloat16" if conf.device.startswith("cuda") else "float32"),
         smoke=opts.smoke,
     )
     path = from_torch.run(torch_opts)

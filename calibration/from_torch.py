@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def measure(opts: Options) -> tuple[CostFile, Path | None]:
     dtype = getattr(torch, opts.dtype)
     hardware = load_hardware(opts.hardware)
     model: ModelSpec
+    tokens: Sequence[int]
+    chunks: Sequence[int]
+    decode: Sequence[tuple[int, int]]
     if opts.smoke:
         model, tokens, chunks, decode = (
             torch_ops.SMOKE_MODEL,
