@@ -1,22 +1,30 @@
-"""The engine on one GPU: profile, fit, and replay one slice on the engine and in the simulator.
+"""One GPU, plain PyTorch: a measured device-only cost file, then (optionally) the engine's sim-to-real replay.
 
-    python bench/engine_gpu.py              # conf/engine/gpu_replay.yaml: Llama-3.2-1B shapes, bf16, cuda
-    python bench/engine_gpu.py out=DIR replay.hardware=h100_80gb "policies=[sarathi_512,fcfs]" replay.model=llama3_8b
-    python bench/engine_gpu.py dry_run=true             # print the resolved replay config and exit (no GPU needed)
+    python bench/engine_gpu.py                            # device profile of llama3_8b on replay.hardware (h200)
+    python bench/engine_gpu.py replay.hardware=h100_80gb profile_model=llama2_7b out=DIR
+    python bench/engine_gpu.py sim_to_real=true "policies=[sarathi_512,fcfs]"   # then the engine replay too
+    python bench/engine_gpu.py dry_run=true               # print the resolved replay config and exit (no GPU needed)
+    python bench/engine_gpu.py smoke=true replay.device=cpu replay.dtype=float32 replay.hardware=cpu  # format check
 
-The same measurement as bench/sim_to_real.py (engine/sim_to_real.py), on ``device: cuda``: profiles
-the model over the composition grid, writes ``<hardware>__<model>__tp1.yaml`` under ``out``, replays
-the slice per policy in real time and in the simulator with that profile, and prints one JSON
-object last (per-iteration latency MAPE, TTFT P50/P99 and TBT P99 relative errors).  ``replay``
-picks the ``conf/engine`` file (default ``gpu_replay``), ``replay.KEY=VALUE`` overrides one of its
-keys, and ``policies`` (the compared policies) replaces the file's own list.  About 5 minutes on
-one H200 with the default config.  Tests never run it.
+First, always: one decoder layer's ops over Vidur's token grid and attention's prefill and decode
+grids, timed with CUDA events on ``replay.device`` in ``replay.dtype`` (:mod:`calibration.from_torch`),
+fitted as the published tables are, and written as ``<replay.hardware>__<profile_model>__tp1.yaml``
+(``device_only: true``) under ``out``: about a minute on an H200 for an 8B model; copy it to
+``conf/cost`` to use it.  Its JSON line reports the fit errors and the batch-1 decode it predicts
+with the default engine overhead profile.  Then, with ``sim_to_real=true``, the measurement of
+bench/sim_to_real.py (engine/sim_to_real.py) on the GPU: profiles the engine over the composition
+grid, replays the slice per policy in real time and in the simulator, and prints its JSON object
+last (about 5 more minutes on one H200).  ``replay`` picks the ``conf/engine`` file (default
+``gpu_replay``), ``replay.KEY=VALUE`` overrides one of its keys, and ``policies`` replaces the
+file's own list.  Plain PyTorch only: nothing to install on the GPU machine.  Tests run the
+``smoke`` profile on the CPU; CI never needs a GPU.
 """
 
 import dataclasses
 import json
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +32,14 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from calibration import from_torch
 from calibration.from_engine import store_replay_configs
 from chunkgym.cli import hydra_cli
 from engine.replay import ReplayConfig
 from engine.sim_to_real import DEFAULT_POLICIES
 from engine.sim_to_real import main as sim_to_real
+from envs.serving.cost_model import load_cost_model, read_cost_file
+from envs.serving.specs import load_hardware, load_model
 
 
 @dataclass
@@ -38,15 +49,41 @@ class Options:
     defaults: list[Any] = field(default_factory=lambda: ["_self_", {"replay": "gpu_replay"}])
     replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/engine file: replay=<name>
     policies: list[str] = field(default_factory=lambda: list(DEFAULT_POLICIES))  # replaces replay.policies
-    out: str = "outputs/sim_to_real"  # profile, results and iterations go here
+    out: str = "outputs/sim_to_real"  # the device profile, and the replay's profile, results and iterations
     repeats: int = 5  # profiling repeats per composition (median)
     warmup: int = 1
     dry_run: bool = False  # print the resolved replay config and exit
+    profile_model: str = "llama3_8b"  # conf/model whose device cost file is measured
+    smoke: bool = False  # the device profile on a tiny model (a format check, seconds on a CPU)
+    sim_to_real: bool = False  # after the device profile, the engine replay against the simulator
 
 
 def resolved(opts: Options) -> ReplayConfig:
     """The replay config this invocation runs: the chosen file, its overrides, and ``policies``."""
     return dataclasses.replace(opts.replay, policies=list(opts.policies))
+
+
+def device_profile(opts: Options, conf: ReplayConfig) -> dict[str, Any]:
+    """Measure and write the device-only cost file; what the JSON line reports about it."""
+    start = time.perf_counter()
+    torch_opts = from_torch.Options(
+        hardware=conf.hardware,
+        model=opts.profile_model,
+        out=opts.out,
+        device=conf.device,
+        dtype=conf.dtype or ("bfloat16" if conf.device.startswith("cuda") else "float32"),
+        smoke=opts.smoke,
+    )
+    path = from_torch.run(torch_opts)
+    data = read_cost_file(path)
+    report: dict[str, Any] = {"cost_file": str(path), "device_profile_s": time.perf_counter() - start}
+    report.update({k: v for k, v in data["fit"].items() if isinstance(v, float)})
+    if not opts.smoke:
+        model, hardware = load_model(opts.profile_model), load_hardware(conf.hardware)
+        cost = load_cost_model(model, hardware, 1, path=path)
+        report["decode_1x1024_ms"] = cost.iteration_time(1, 1024, (), ()) * 1e3
+        report["prefill_512_ms"] = cost.iteration_time(0, 0, (512,), (0,)) * 1e3
+    return report
 
 
 def run(opts: Options) -> None:
@@ -58,6 +95,9 @@ def run(opts: Options) -> None:
         sys.exit(
             "bench/engine_gpu.py: no CUDA device here; run it on a GPU machine (or replay.device=cpu to try it)"
         )
+    print(json.dumps(device_profile(opts, conf)), flush=True)
+    if not opts.sim_to_real:
+        return
     with tempfile.TemporaryDirectory() as tmp:  # the checked config, handed over whole
         path = Path(tmp) / "replay.yaml"
         OmegaConf.save(OmegaConf.structured(conf), path)

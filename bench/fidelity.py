@@ -5,8 +5,11 @@
 Refits everything from the data (nothing is read from ``conf/cost``), so the numbers are
 reproducible from the raw tables.  The JSON's MAPEs are fractions: ``per_layer_mape_max``
 (held-out, worst (GPU, model, TP) table), ``whole_request_mape_max`` (leave-one-TP-out,
-worst of prompt and token time on Llama-2-70B, A100 and H100), and more; plus the cost of
-one ``iteration_time`` call in microseconds for a calibrated model and the roofline v0.
+worst of prompt and token time on Llama-2-70B, A100 and H100, with the 2023 engine profile),
+``modern_engine_mape_max`` (worst row of the published modern-engine measurements in
+``calibration/validation/modern_engines.csv``, predicted with the default engine profile, target
+0.20), and more; plus the cost of one ``iteration_time`` call in microseconds for a calibrated
+model and the roofline v0.
 """
 
 from __future__ import annotations
@@ -45,8 +48,7 @@ def main(opts: Options) -> None:
     cal = calibrate(data_root(opts.data_root))
     print(markdown(cal))
     result = summary(cal)
-    example = next(f for f in cal.files if (f.hardware, f.model, f.tp) == ("a100_80gb", "llama2_70b", 4))
-    calibrated = iteration_time_us(RooflineCostModel(example.params))
+    calibrated = iteration_time_us(cal.cost_model("a100_80gb", "llama2_70b", 4))
     v0 = iteration_time_us(
         RooflineCostModel(roofline_params(load_model("llama2_70b"), load_hardware("a100_80gb"), 4))
     )

@@ -7,10 +7,8 @@ Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded tim
 valid actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
 trace and scheduler (~8.2k iterations/s, so ~328k iterations); the ratios are printed
 beside ours.  The replay runs twice: with the calibrated cost model (the default, the
-JSON's main fields) and with the uncalibrated roofline v0, whose iteration count is
-close to Vidur's (the calibrated model's engine terms, fitted on Splitwise's engine,
-make Llama-2-7B on H100 slower, so the same trace overloads it and runs fewer, larger
-iterations).  The env's step rate is timed for v0 (one step per iteration) and v1 (one
+JSON's main fields, with its TTFT and TBT medians as ``ttft_p50_s`` and ``tbt_p50_s``) and
+with the uncalibrated roofline v0.  The env's step rate is timed for v0 (one step per iteration) and v1 (one
 step per decision, forced iterations run in between) on the same workload, load and
 seed.  The last stdout line is one JSON object.
 """
@@ -38,6 +36,10 @@ from policies.registry import make_policy
 
 VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
+VIDUR_TTFT_P50_S = 40.4e-3
+VIDUR_TBT_P50_S = 9.0e-3
+"""Vidur's medians on the same trace and setup (issue 12's side-by-side run): the targets are
+0.8x-2.5x of its TTFT P50 and 0.8x-2.0x of its TBT P50."""
 
 
 def native_trace(load: float = 1.0) -> Trace:
@@ -82,6 +84,7 @@ def main(args: Options) -> None:
 
     trace = native_trace()
     runs = {}
+    latency = {}
     for cost_model in ("calibrated", "roofline"):
         sim = vidur_setup(cost_model).simulator(trace)
         print(f"{cost_model}: simulating {len(trace)} requests ...", file=sys.stderr, flush=True)
@@ -90,11 +93,14 @@ def main(args: Options) -> None:
         wall = time.perf_counter() - start
         iterations = int(result.metrics["iterations"])
         runs[cost_model] = (iterations, wall)
+        latency[cost_model] = (result.metrics["ttft_p50_s"], result.metrics["tbt_p50_s"])
         print(
             f"{cost_model:10s}: {len(trace)} requests, {iterations} iterations in {wall:.2f} s "
             f"({iterations / wall:,.0f} it/s); Vidur: {VIDUR_LOOP_S:.0f} s, {VIDUR_ITERATIONS_PER_S:,.0f} it/s "
             f"-> {VIDUR_LOOP_S / wall:.1f}x faster loop; goodput {result.metrics['goodput_rps']:.2f} req/s, "
-            f"{result.metrics['rejected']} rejected (prompt+output > 4,096)"
+            f"{result.metrics['rejected']} rejected (prompt+output > 4,096); TTFT P50 "
+            f"{result.metrics['ttft_p50_s'] * 1e3:.1f} ms (Vidur {VIDUR_TTFT_P50_S * 1e3:.1f}), TBT P50 "
+            f"{result.metrics['tbt_p50_s'] * 1e3:.2f} ms (Vidur {VIDUR_TBT_P50_S * 1e3:.1f})"
         )
     print(f"env: {args.env_steps:,} random valid steps of v0, then v1 ...", file=sys.stderr, flush=True)
     steps = env_steps_per_s(envs.ENV_ID_V0, args.env_steps, "calibrated")
@@ -116,6 +122,8 @@ def main(args: Options) -> None:
                 "roofline_iterations": rf_iterations,
                 "roofline_wall_s": rf_wall,
                 "roofline_iterations_per_s": rf_iterations / rf_wall,
+                "ttft_p50_s": latency["calibrated"][0],
+                "tbt_p50_s": latency["calibrated"][1],
             }
         )
     )

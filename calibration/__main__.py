@@ -1,4 +1,5 @@
-"""``python -m calibration``: fit the cost model to published profiles, write ``conf/cost/*.yaml`` and the fidelity report.
+"""``python -m calibration``: fit the cost model to published profiles, write ``conf/cost/*.yaml``,
+``conf/engine_overhead/*.yaml`` and the fidelity report.
 
     python -m calibration                                  # every GPU x model x tp into conf/cost
     python -m calibration out=DIR report=null "hardware=[h100_80gb]" "models=[llama2_7b]" "tp=[1,2]"
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from calibration.cost_files import write_cost_files
+from calibration.cost_files import write_cost_files, write_engine_overheads
 from calibration.from_published import HARDWARE, MODELS, TENSOR_PARALLEL, calibrate
 from calibration.report import markdown, plot, summary
 from chunkgym import data_root, resolve_path
@@ -24,6 +25,7 @@ class Options:
 
     data_root: str | None = None  # data folder; null: $CHUNKGYM_DATA or ../shared/data
     out: str = "conf/cost"  # where coefficient files go
+    engine_overhead_out: str = "conf/engine_overhead"  # where engine overhead profiles go
     report: str | None = "reports/calibration"  # fidelity.md and the plot go here; null: none
     hardware: list[str] = field(default_factory=lambda: list(HARDWARE))  # conf/hardware names
     models: list[str] = field(default_factory=lambda: list(MODELS))  # conf/model names
@@ -36,6 +38,10 @@ def run(opts: Options) -> None:
     out = resolve_path(opts.out)
     written = write_cost_files(cal.files, out)
     print(f"wrote {len(written)} coefficient files to {out}")
+    profiles = write_engine_overheads(cal.overheads, resolve_path(opts.engine_overhead_out))
+    print(
+        f"wrote engine overhead profiles {', '.join(p.name for p in profiles)} to {opts.engine_overhead_out}"
+    )
     if opts.report is not None:
         report_dir = resolve_path(opts.report)
         report_dir.mkdir(parents=True, exist_ok=True)

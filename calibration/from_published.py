@@ -11,9 +11,12 @@ three).  Which table feeds which configuration:
   source GPU's fit scaled by the datasheet bandwidth ratio (compute unchanged);
 * all-reduce: the GPU's DGX table; H200 uses H100's (same NVLink and NVSwitch); A40 has
   none, so A100's is slowed by the ratio of the two GPUs' measured send/recv bandwidths;
-* attention and engine terms: the Splitwise Llama-2-70B fit of that GPU, or of its source
-  GPU (A40 from A100, H200 from H100), moved to the model by
-  :func:`calibration.whole_request.apply_engine`.
+* attention: the kernels modern engines run, at documented efficiencies (:mod:`calibration.attention`);
+* the slower all-reduce regime of large messages: the Splitwise Llama-2-70B fit of that GPU, or
+  of its source GPU (A40 from A100, H200 from H100);
+* the engine: not in the cost files (``device_only: true``).  Its terms are the profiles in
+  ``conf/engine_overhead`` (:mod:`calibration.engine_overheads`): the Splitwise fit as the 2023
+  eager engine, and vLLM V1 from its measured host time and published device figures.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from calibration import table_fits, whole_request
+from calibration import table_fits, validation, whole_request
+from calibration.attention import SOURCE as ATTENTION_SOURCE
+from calibration.attention import with_modern_attention
 from calibration.cost_files import CostFile
 from calibration.derive import scale_collective, scale_layer
+from calibration.engine_overheads import VLLM_HOST_CSV, splitwise_2023_eager, vllm_v1
 from calibration.fit import StepRoofline, mape
 from calibration.kernels import Kernels, kernel_params, layer_weight_seconds
 from calibration.sources import splitwise, vidur
-from envs.serving.cost_model import CostParams
+from envs.serving.cost_model import CostParams, RooflineCostModel, with_engine_overhead
+from envs.serving.engine_overhead import DEFAULT_ENGINE_OVERHEAD, EngineOverhead
 from envs.serving.specs import (
     HardwareSpec,
     ModelSpec,
@@ -87,8 +94,29 @@ class Calibration:
     layer_fits: list[LayerRecord] = field(default_factory=list)
     allreduce_fits: dict[tuple[str, int], table_fits.CollectiveFit] = field(default_factory=dict)
     engines: dict[str, EngineRecord] = field(default_factory=dict)
+    overheads: list[EngineOverhead] = field(default_factory=list)
     exclusions: tuple[splitwise.Exclusion, ...] = ()
     evidence: dict[str, list[dict]] = field(default_factory=dict)
+    modern_engines: list[validation.Result] = field(default_factory=list)
+
+    def cost_model(
+        self, hardware: str, model: str, tp: int, overhead: str = DEFAULT_ENGINE_OVERHEAD
+    ) -> RooflineCostModel:
+        """What ``load_cost_model`` would build from the files and profiles this calibration writes."""
+        f = next((f for f in self.files if (f.hardware, f.model, f.tp) == (hardware, model, tp)), None)
+        if f is None:
+            raise ValueError(f"this calibration has no cost file for {model} on {tp} x {hardware}")
+        profile = next((p for p in self.overheads if p.name == overhead), None)
+        if profile is None:
+            raise ValueError(
+                f"unknown engine overhead {overhead!r}; valid: {[p.name for p in self.overheads]}"
+            )
+        params = with_engine_overhead(
+            f.params, profile.terms(hardware), load_model(model), load_hardware(hardware), tp
+        )
+        return RooflineCostModel(
+            params, f"{hardware} {model} tp{tp} + {overhead}", serial_host=profile.serial
+        )
 
 
 class _Sources:
@@ -161,8 +189,11 @@ def calibrate(
     hardware: Iterable[str] = HARDWARE,
     models: Iterable[str] = MODELS,
     tensor_parallel: Iterable[int] = TENSOR_PARALLEL,
+    vllm_host_csv: Path = VLLM_HOST_CSV,
+    validation_csv: Path = validation.VALIDATION_CSV,
 ) -> Calibration:
-    """Fit, derive and check everything; nothing is written."""
+    """Fit, derive and check everything; nothing is written.  The modern-engine validation rows
+    whose configuration this calibration covers are predicted with the default engine profile."""
     src = _Sources(data_root)
     hw_specs = {name: load_hardware(name) for name in hardware}
     model_specs = {name: load_model(name) for name in models}
@@ -173,6 +204,13 @@ def calibrate(
     engine_hw = sorted({_engine_hardware(h) for h in hw_specs})
     for name in engine_hw:
         cal.engines[name] = _fit_engine(src, measurements, load_hardware(name))
+    cal.overheads = [
+        vllm_v1(vllm_host_csv),
+        splitwise_2023_eager(
+            {name: r.fit for name, r in cal.engines.items()},
+            {name: r.source for name, r in cal.engines.items()},
+        ),
+    ]
 
     for hw in hw_specs.values():
         for model in model_specs.values():
@@ -187,6 +225,9 @@ def calibrate(
     cal.layer_fits = [LayerRecord(h, m, fit) for (h, m, _), fit in sorted(src.layer_fits.items())]
     cal.allreduce_fits = dict(sorted(src.allreduce_fits.items()))
     cal.evidence = _evidence(src, cal, measurements)
+    covered = {(f.hardware, f.model, f.tp) for f in cal.files}
+    rows = [r for r in validation.read_rows(validation_csv) if (r.hardware, r.model, r.tp) in covered]
+    cal.modern_engines = validation.validate(rows, lambda r: cal.cost_model(r.hardware, r.model, r.tp))
     return cal
 
 
@@ -276,26 +317,31 @@ def _nearest_measured(src: _Sources, hw: HardwareSpec, model: ModelSpec) -> Mode
 
 
 def _cost_file(src: _Sources, cal: Calibration, hw: HardwareSpec, model: ModelSpec, tp: int) -> CostFile:
+    """Device terms only: kernels, modern attention, and the large-message all-reduce regime."""
     kernels, derived, metrics = _kernels(src, hw, model, tp)
     engine_hw_name = _engine_hardware(hw.name)
     record = cal.engines[engine_hw_name]
-    engine_hw = load_hardware(engine_hw_name)
-    fitted_model = load_model(ENGINE_MODEL)
     link = _link_ratio(src, hw.name) if hw.name != engine_hw_name else 1.0
-    params = whole_request.apply_engine(
-        kernel_params(model, hw, tp, kernels), record.fit, model, hw, tp, fitted_model, engine_hw, link
+    device = whole_request.with_large_allreduce(
+        kernel_params(model, hw, tp, kernels), record.fit, model, tp, link
     )
-    derived = derived or hw.name != engine_hw_name
-    transfer = []
-    if model.name != ENGINE_MODEL:
-        transfer.append(f"moved to {model.name}: host launches x layers, per-token work x hidden*layers")
-    if hw.name != engine_hw_name:
-        transfer.append(f"moved to {hw.name}: factors over its datasheet peak and bandwidth")
-    engine_source = record.source + (f" ({'; '.join(transfer)})" if transfer else "")
+    params = with_modern_attention(device, model, hw, tp)
+    if tp > 1:
+        derived = derived or hw.name != engine_hw_name
+        regime = (
+            f"large-message all-reduce regime: {record.source}"
+            + (f" (moved to {hw.name} by the link ratio {link:.3g})" if hw.name != engine_hw_name else "")
+            + "; "
+        )
+    else:
+        regime = ""
     if hw.name == engine_hw_name and model.name == ENGINE_MODEL:
         metrics["whole_request"] = _whole_request_metrics(record)
-    source = f"per-layer: {kernels.layer_source}; all-reduce: {kernels.allreduce_source}; attention and engine: {engine_source}"
-    return CostFile(hw.name, model.name, tp, derived, source, params, metrics)
+    source = (
+        f"per-layer: {kernels.layer_source}; all-reduce: {kernels.allreduce_source}; {regime}{ATTENTION_SOURCE}; "
+        "engine overhead: none here (device_only), see conf/engine_overhead"
+    )
+    return CostFile(hw.name, model.name, tp, derived, source, params, metrics, device_only=True)
 
 
 def _whole_request_metrics(record: EngineRecord) -> dict:

@@ -14,7 +14,13 @@ held at their Vidur fits:
   more per byte beyond it, times the ring traffic ``2 (tp - 1) / tp``;
 * the engine: a per-iteration and a per-token device cost, and the host floor
   ``max(cpu, gpu)`` of an eager engine that launches kernels one by one (a fixed part, a
-  part for iterations with a prefill, and a part per sequence).
+  part for iterations with a prefill, and a part per sequence).  ``max``, not a sum: an eager
+  engine queues its kernels asynchronously, so the host runs ahead while the device is the
+  bottleneck, and sets the pace when launching takes longer than the kernels run.
+
+The engine terms and the attention factors are a 2023 eager engine at TP >= 2 (vLLM of that
+year under Splitwise's runs); :func:`engine_terms` writes them as the profile
+``conf/engine_overhead/splitwise_2023_eager.yaml``.
 
 Every parameter is shared across tensor-parallel degrees; how each one scales with tp
 is fixed by physics (attention is sharded by heads, the engine is not), which is what
@@ -31,7 +37,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from calibration.fit import mape
-from envs.serving.cost_model import CostParams, RooflineCostModel
+from envs.serving.cost_model import CostParams, RooflineCostModel, with_engine_overhead
+from envs.serving.engine_overhead import OverheadTerms, decode_token_seconds, prefill_pair_seconds
 from envs.serving.specs import HardwareSpec, ModelSpec
 
 LARGE_MESSAGE_BYTES = 2048 * 8192 * 2
@@ -99,36 +106,54 @@ def apply_engine(
     fitted_hardware: HardwareSpec,
     link_ratio: float = 1.0,
 ) -> CostParams:
-    """``kernels`` with the attention and engine terms of ``engine``, moved to this configuration.
+    """``kernels`` with the attention and engine terms of ``engine``, moved to this configuration:
+    the large-message all-reduce regime (:func:`with_large_allreduce`, a device term) and the
+    fit as a 2023 engine profile (:func:`engine_terms`) applied by
+    :func:`~envs.serving.cost_model.with_engine_overhead`.
 
     Attention: the fitted factors times this model's FLOPs per pair (heads / tp) over this
     device's peak, and KV bytes per token (KV heads / tp) over its bandwidth.  Engine:
     host launches scale with layer count; per-token device work with hidden x layers over
-    bandwidth (like unfused element-wise traffic, replicated across ranks); the large-message
-    all-reduce regime with message bytes and ``link_ratio`` (how much slower this device's
-    link is than the fitted one's); the rest stays.
+    bandwidth (like unfused element-wise traffic, replicated across ranks); the rest stays.
     """
-    launches = model.num_layers / fitted_model.num_layers
-    traffic = (
-        model.hidden_size * model.num_layers / (fitted_model.hidden_size * fitted_model.num_layers)
-    ) * (fitted_hardware.hbm_bandwidth / hardware.hbm_bandwidth)
+    device = with_large_allreduce(kernels, engine, model, tp, link_ratio)
+    return with_engine_overhead(
+        device, engine_terms(engine, fitted_model, fitted_hardware), model, hardware, tp
+    )
+
+
+def with_large_allreduce(
+    kernels: CostParams, engine: EngineFit, model: ModelSpec, tp: int, link_ratio: float = 1.0
+) -> CostParams:
+    """The slower all-reduce regime above :data:`LARGE_MESSAGE_BYTES`, scaled by message bytes and
+    ``link_ratio`` (how much slower this device's link is than the fitted one's)."""
     return dataclasses.replace(
         kernels,
-        attn_prefill_s_per_pair=engine.prefill_attention_factor * prefill_pair_seconds(model, hardware, tp),
-        attn_prefill_fixed_s=engine.prefill_chunk_s,
-        attn_decode_s_per_token=engine.decode_attention_factor * decode_token_seconds(model, hardware, tp),
-        attn_decode_fixed_s=engine.decode_seq_s,
-        iter_fixed_s=engine.iter_fixed_s,
-        iter_s_per_token=engine.s_per_token * traffic,
         allreduce_s_per_token_above=(
             engine.large_allreduce_s_per_byte * ring_traffic(tp) * message_bytes(model) * link_ratio
             if tp > 1
             else 0.0
         ),
         allreduce_knee_tokens=large_message_tokens(model) if tp > 1 else 0,
-        cpu_fixed_s=engine.cpu_fixed_s * launches,
-        cpu_prefill_s=engine.cpu_prefill_s * launches,
-        cpu_s_per_seq=engine.cpu_s_per_seq,
+    )
+
+
+def engine_terms(engine: EngineFit, fitted_model: ModelSpec, fitted_hardware: HardwareSpec) -> OverheadTerms:
+    """The fit as one GPU's entry of an engine overhead profile: host launches per layer, per-token
+    device work per byte (hidden x layers at the fitted GPU's bandwidth), its attention kernels."""
+    layers = fitted_model.num_layers
+    return OverheadTerms(
+        host_s_per_layer=engine.cpu_fixed_s / layers,
+        host_prefill_s_per_layer=engine.cpu_prefill_s / layers,
+        host_s_per_seq=engine.cpu_s_per_seq,
+        device_fixed_s=engine.iter_fixed_s,
+        device_bytes_per_token_hidden_layer=(
+            engine.s_per_token * fitted_hardware.hbm_bandwidth / (fitted_model.hidden_size * layers)
+        ),
+        attention_prefill_factor=engine.prefill_attention_factor,
+        attention_prefill_chunk_s=engine.prefill_chunk_s,
+        attention_decode_factor=engine.decode_attention_factor,
+        attention_decode_seq_s=engine.decode_seq_s,
     )
 
 
@@ -144,16 +169,6 @@ def message_bytes(model: ModelSpec) -> int:
 
 def large_message_tokens(model: ModelSpec) -> int:
     return LARGE_MESSAGE_BYTES // message_bytes(model)
-
-
-def prefill_pair_seconds(model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
-    """One query-key pair of one layer at peak: QK^T and PV, 2 FLOPs each per head dimension."""
-    return 4 * model.num_heads / tp * model.head_dim / hardware.peak_flops
-
-
-def decode_token_seconds(model: ModelSpec, hardware: HardwareSpec, tp: int) -> float:
-    """Reading one cached token's K and V of one layer at datasheet bandwidth."""
-    return 2 * model.num_kv_heads / tp * model.head_dim * model.dtype_bytes / hardware.hbm_bandwidth
 
 
 # ---- the fit ---------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import chunkgym
-from calibration.cost_files import write_cost_files
+from calibration.cost_files import write_cost_files, write_engine_overheads
 from calibration.from_published import Calibration, calibrate
 from calibration.report import summary
 from calibration.sources import splitwise, vidur
 from envs.serving.cost_model import COST_DIR, load_cost_model
+from envs.serving.engine_overhead import ENGINE_OVERHEAD_DIR
 from envs.serving.specs import load_hardware, load_model
 
 DATA = chunkgym.data_root()
@@ -62,7 +63,10 @@ def test_calibrated_model_reproduces_measured_rows() -> None:
         measured = times.layer[list(times.tokens).index(tokens)]
         assert cost.linear_time(tokens) == pytest.approx(measured, rel=0.08)
     m = splitwise.clean(splitwise.read_perf_model(splitwise.perf_model_path(DATA)))
-    big = load_cost_model(load_model("llama2_70b"), load_hardware("h100_80gb"), 4)
+    # Splitwise's runs are the 2023 engine: its profile is the one they check.
+    big = load_cost_model(
+        load_model("llama2_70b"), load_hardware("h100_80gb"), 4, engine_overhead="splitwise_2023_eager"
+    )
     sel = (m.prompt["model"] == "llama2-70b") & (m.prompt["hardware"] == "h100-80gb") & (m.prompt["tp"] == 4)
     for prompt, batch, seconds in m.prompt[sel][["prompt", "batch", "seconds"]].itertuples(index=False):
         if batch == 1 and prompt in (512, 2048, 8192):
@@ -82,11 +86,47 @@ def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Pat
     assert sorted(p.name for p in written) == [p.name for p in committed]
     stale = [p.name for p in committed if p.read_text() != (tmp_path / p.name).read_text()]
     assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"
+    profiles = write_engine_overheads(cal.overheads, tmp_path / "overhead")
+    assert sorted(p.name for p in profiles) == sorted(p.name for p in ENGINE_OVERHEAD_DIR.glob("*.yaml"))
+    stale = [p.name for p in profiles if p.read_text() != (ENGINE_OVERHEAD_DIR / p.name).read_text()]
+    assert not stale, f"conf/engine_overhead is out of date (rerun `python -m calibration`): {stale}"
+
+
+def test_splitwise_profile_reproduces_the_model_its_fit_checks(cal: Calibration) -> None:
+    """The 2023 engine profile on the device-only files is exactly the model fitted on Splitwise's runs."""
+    from calibration import whole_request
+    from calibration.fit import mape
+
+    m = splitwise.clean(splitwise.read_perf_model(splitwise.perf_model_path(DATA)))
+
+    def pick(df):
+        return df[(df["model"] == "llama2-70b") & (df["hardware"] == "h100-80gb")]
+
+    rows = whole_request.measurement_rows(pick(m.prompt), pick(m.token))
+    params = {
+        tp: cal.cost_model("h100_80gb", "llama2_70b", tp, "splitwise_2023_eager").params for tp in (2, 4, 8)
+    }
+    predicted = whole_request.cost_model_predictions(rows, params)
+    for kind, error in cal.engines["h100_80gb"].in_sample.items():
+        sel = (rows["kind"] == kind).to_numpy()
+        assert mape(predicted[sel], rows["seconds"].to_numpy()[sel]) == pytest.approx(error, rel=1e-6)
+
+
+def test_modern_engine_rows_are_predicted_with_the_default_profile(cal: Calibration) -> None:
+    s = summary(cal)
+    assert s["modern_engine_rows"] >= 12
+    assert s["modern_engine_mape_max"] == max(abs(r.error) for r in cal.modern_engines)
+    row = cal.modern_engines[0]
+    direct = load_cost_model(load_model(row.row.model), load_hardware(row.row.hardware), row.row.tp)
+    from calibration.validation import predict
+
+    assert predict(row.row, direct) == pytest.approx(row.predicted, rel=1e-5)
 
 
 @pytest.mark.slow
 def test_cli_writes_files_and_report(tmp_path: Path) -> None:
     args = [f"data_root={DATA}", f"out={tmp_path / 'cost'}", f"report={tmp_path / 'report'}"]
+    args.append(f"engine_overhead_out={tmp_path / 'overhead'}")
     cmd = [
         sys.executable,
         "-m",
@@ -102,7 +142,12 @@ def test_cli_writes_files_and_report(tmp_path: Path) -> None:
         "h100_80gb__llama2_7b__tp1.yaml",
         "h100_80gb__llama2_7b__tp2.yaml",
     ]
+    assert sorted(p.name for p in (tmp_path / "overhead").glob("*.yaml")) == [
+        "splitwise_2023_eager.yaml",
+        "vllm_v1.yaml",
+    ]
     report = (tmp_path / "report" / "fidelity.md").read_text()
+    assert "Modern engines" in report and "Engine overhead profiles" in report
     assert (
         "leave one TP degree out" in report
         and (tmp_path / "report" / "predicted_vs_measured.png").stat().st_size

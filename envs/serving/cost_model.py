@@ -1,17 +1,22 @@
 """Iteration latency as a function of the batch's composition.
 
 One functional form serves every backend.  An iteration of ``T`` batched tokens over
-``S`` sequences takes the longer of the host's and the device's work::
+``S`` sequences combines the host's and the device's work::
 
-    T_iter = max(cpu, gpu)
-    cpu    = cpu_fixed + cpu_prefill * [any prefill chunk] + cpu_per_seq * S
-    gpu    = iter_fixed + head_fixed + head_per_seq * S + iter_per_token * T
+    T_iter = max(cpu, gpu)        (or cpu + gpu for an engine whose host work is serial)
+    cpu    = cpu_fixed + cpu_prefill * [any prefill chunk] + cpu_per_seq * S + cpu_per_token * T
+    gpu    = iter_fixed + head_fixed + (head_per_seq + iter_per_seq) * S + iter_per_token * T
              + L * ( linear(T) + n_allreduce * allreduce(T)
                      + sum_i prefill_attention(q_i, c_i) + decode_attention(n_decode, context_sum) )
 
-* ``cpu`` is the host-side floor of an eager engine: it launches every kernel of the
-  iteration, so when the device work is shorter than the launches, the launches set the
-  pace (zero for an engine that replays CUDA graphs, and in the v0).
+The device terms (``linear``, attention, all-reduces, LM head) come from a GPU cost file in
+``conf/cost/``; the engine terms (``cpu_*``, ``iter_*``, and how the two combine) from a named
+engine overhead profile in ``conf/engine_overhead/`` (:mod:`envs.serving.engine_overhead`),
+added by :func:`with_engine_overhead`.  A file profiled on a live engine (ours, on ``cpu``)
+holds both at once.
+
+* ``cpu`` is the host's work per step: scheduling and input preparation, and for an eager
+  engine the launch of every kernel.  When the device work is shorter, the host sets the pace.
 * ``linear(T)`` is the time of one layer's non-attention ops (norms, QKV/O projections,
   RoPE, SwiGLU MLP, residual add) on ``T`` tokens, roofline-shaped::
 
@@ -25,14 +30,15 @@ One functional form serves every backend.  An iteration of ``T`` batched tokens 
   lin_per_token`` this is ``lin_fixed + max(lin_mem, lin_per_token * T)``, the textbook
   roofline; a fitted knee lies further out because GEMMs near the knee run below peak.
 * ``prefill_attention(q, c)`` for a chunk of ``q`` query tokens over ``c`` tokens already
-  cached: causal FLOPs, i.e. ``q * (c + (q + 1) / 2)`` query-key pairs, times a fitted
-  cost per pair, plus a per-chunk cost.
+  cached: causal FLOPs, i.e. ``q * (c + (q + 1) / 2)`` query-key pairs, times a cost per
+  pair, plus a per-chunk cost.
 * ``decode_attention(n, C)`` for ``n`` decoding sequences holding ``C`` cached tokens in
-  all: bytes of KV read, i.e. a fitted cost per cached token, plus a per-sequence cost.
+  all: bytes of KV read, i.e. a cost per cached token, plus a per-sequence cost.
 * ``allreduce(T) = fixed + per_token * T + per_token_above * max(T - knee, 0)``: two per
   layer under tensor parallelism, zero at ``tp = 1``; the last term is a slower regime
   for large messages that whole-request runs show and collective benchmarks do not.
-* ``iter_per_token`` is a per-token engine cost outside the layers.
+* ``iter_per_token`` / ``iter_per_seq`` are the engine's device work outside the layers
+  (e.g. sampling).
 
 :class:`RooflineCostModel` evaluates it from :class:`CostParams`, which come either
 from datasheet numbers (:func:`roofline_params`, the uncalibrated v0) or from a fitted
@@ -54,6 +60,15 @@ from typing import Any
 import numpy as np
 import yaml
 
+from envs.serving.engine_overhead import (
+    DEFAULT_ENGINE_OVERHEAD,
+    EngineOverhead,
+    OverheadTerms,
+    decode_token_seconds,
+    load_engine_overhead,
+    per_token_seconds,
+    prefill_pair_seconds,
+)
 from envs.serving.specs import CONF_DIR, HardwareSpec, ModelSpec
 
 COST_DIR = CONF_DIR / "cost"
@@ -132,6 +147,8 @@ class CostParams:
     cpu_fixed_s: float = 0.0
     cpu_prefill_s: float = 0.0
     cpu_s_per_seq: float = 0.0
+    cpu_s_per_token: float = 0.0
+    iter_s_per_seq: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -181,6 +198,50 @@ class CostParams:
             raise ValueError(f"{source}: {exc}") from exc
 
 
+ENGINE_FIELDS = (
+    "iter_fixed_s",
+    "iter_s_per_token",
+    "iter_s_per_seq",
+    "cpu_fixed_s",
+    "cpu_prefill_s",
+    "cpu_s_per_seq",
+    "cpu_s_per_token",
+)
+""":class:`CostParams`' engine terms: zero in a device-only cost file, set by :func:`with_engine_overhead`."""
+
+
+def with_engine_overhead(
+    device: CostParams, terms: OverheadTerms, model: ModelSpec, hardware: HardwareSpec, tp: int
+) -> CostParams:
+    """``device`` (a device-only cost file's terms) with one GPU's engine terms of a profile added.
+
+    Host launches scale with the layer count; the per-token device work with hidden x layers
+    over this GPU's bandwidth; an engine with its own attention kernels replaces the file's.
+    """
+    layers = model.num_layers
+    out = dataclasses.replace(
+        device,
+        cpu_fixed_s=terms.host_fixed_s + terms.host_s_per_layer * layers,
+        cpu_prefill_s=terms.host_prefill_s_per_layer * layers,
+        cpu_s_per_seq=terms.host_s_per_seq,
+        cpu_s_per_token=terms.host_s_per_token,
+        iter_fixed_s=terms.device_fixed_s,
+        iter_s_per_seq=terms.device_s_per_seq,
+        iter_s_per_token=per_token_seconds(terms, model, hardware),
+    )
+    if not terms.has_attention:
+        return out
+    assert terms.attention_prefill_factor is not None and terms.attention_decode_factor is not None
+    assert terms.attention_prefill_chunk_s is not None and terms.attention_decode_seq_s is not None
+    return dataclasses.replace(
+        out,
+        attn_prefill_s_per_pair=terms.attention_prefill_factor * prefill_pair_seconds(model, hardware, tp),
+        attn_prefill_fixed_s=terms.attention_prefill_chunk_s,
+        attn_decode_s_per_token=terms.attention_decode_factor * decode_token_seconds(model, hardware, tp),
+        attn_decode_fixed_s=terms.attention_decode_seq_s,
+    )
+
+
 def _check_number(name: str, value: Any, integer: bool) -> None:
     kinds = int if integer else int | float
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
@@ -197,13 +258,15 @@ class RooflineCostModel(CostModel):
     100k times per run, so no numpy on scalars.
     """
 
-    def __init__(self, params: CostParams, description: str = "") -> None:
+    def __init__(self, params: CostParams, description: str = "", serial_host: bool = False) -> None:
         self.params = params
         self.description = description
+        self.serial_host = serial_host
+        """Host and device time add up (``cpu + gpu``) instead of overlapping (``max``)."""
         p = params
         self._layers = p.num_layers
         self._gpu_const = p.iter_fixed_s + p.head_fixed_s
-        self._per_seq = p.head_s_per_seq
+        self._per_seq = p.head_s_per_seq + p.iter_s_per_seq
         self._tok = p.iter_s_per_token
         self._ar_above = p.allreduce_count * p.allreduce_s_per_token_above
         self._ar_knee = p.allreduce_knee_tokens
@@ -222,6 +285,7 @@ class RooflineCostModel(CostModel):
         self._cpu = p.cpu_fixed_s
         self._cpu_prefill = p.cpu_prefill_s
         self._cpu_seq = p.cpu_s_per_seq
+        self._cpu_tok = p.cpu_s_per_token
 
     def linear_time(self, num_tokens: int) -> float:
         """One layer's non-attention ops plus its all-reduces, for ``num_tokens`` tokens."""
@@ -260,7 +324,11 @@ class RooflineCostModel(CostModel):
             return 0.0
         seqs = num_decode + chunks
         gpu = self._engine_time(tokens, seqs) + self._layers * (self.linear_time(tokens) + attn)
-        cpu = self._cpu + self._cpu_seq * seqs + (self._cpu_prefill if chunks else 0.0)
+        cpu = (
+            self._cpu + self._cpu_seq * seqs + self._cpu_tok * tokens + (self._cpu_prefill if chunks else 0.0)
+        )
+        if self.serial_host:
+            return gpu + cpu
         return gpu if gpu > cpu else cpu
 
     def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
@@ -270,7 +338,9 @@ class RooflineCostModel(CostModel):
             return np.zeros(len(decode_context))
         attn = self._dec_seq * num_decode + self._dec_tok * decode_context.astype(np.float64)
         gpu = self._engine_time(num_decode, num_decode) + self._layers * (self.linear_time(num_decode) + attn)
-        cpu = self._cpu + self._cpu_seq * num_decode + 0.0
+        cpu = self._cpu + self._cpu_seq * num_decode + self._cpu_tok * num_decode + 0.0
+        if self.serial_host:
+            return gpu + cpu
         return np.where(gpu > cpu, gpu, cpu)
 
     def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
@@ -280,7 +350,8 @@ class RooflineCostModel(CostModel):
         base = self._engine_time(num_decode, num_decode)
         base += self._layers * (self.linear_time(num_decode) + self._dec_seq * num_decode)
         gpu = base + (self._layers * self._dec_tok) * context
-        return np.maximum(gpu, self._cpu + self._cpu_seq * num_decode)
+        cpu = self._cpu + (self._cpu_seq + self._cpu_tok) * num_decode
+        return gpu + cpu if self.serial_host else np.maximum(gpu, cpu)
 
 
 def roofline_params(
@@ -338,6 +409,10 @@ COST_FILE_FIELDS: dict[str, type] = {
     "fit": dict,
 }
 """Top-level fields every coefficient file must have, with their YAML types."""
+DEVICE_ONLY = "device_only"
+"""Optional top-level field: ``true`` when the file holds device terms only (its engine terms are
+zero and an engine overhead profile supplies them); absent or ``false`` for a file profiled on a
+live engine, which holds its engine's terms itself."""
 
 
 def cost_file_name(hardware: str, model: str, tp: int) -> str:
@@ -362,7 +437,16 @@ def read_cost_file(path: str | Path) -> dict[str, Any]:
         value = data[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ValueError(f"{path}: field {name!r} must be {kind.__name__}, got {value!r}")
-    return {**data, "params": CostParams.from_mapping(data["params"], source=f"{path}: params")}
+    device_only = data.get(DEVICE_ONLY, False)
+    if not isinstance(device_only, bool):
+        raise ValueError(f"{path}: field {DEVICE_ONLY!r} must be bool, got {device_only!r}")
+    params = CostParams.from_mapping(data["params"], source=f"{path}: params")
+    engine = [name for name in ENGINE_FIELDS if getattr(params, name) != 0]
+    if device_only and engine:
+        raise ValueError(
+            f"{path}: a {DEVICE_ONLY} file must leave the engine terms to a profile, but sets {engine}"
+        )
+    return {**data, DEVICE_ONLY: device_only, "params": params}
 
 
 def load_cost_model(
@@ -371,13 +455,16 @@ def load_cost_model(
     tp: int = 1,
     kind: str = "calibrated",
     path: str | Path | None = None,
+    engine_overhead: str | EngineOverhead = DEFAULT_ENGINE_OVERHEAD,
 ) -> CostModel:
     """The cost model for ``model`` on ``tp`` x ``hardware``.
 
     ``kind="calibrated"`` loads ``conf/cost/<hardware>__<model>__tp<tp>.yaml``;
     ``kind="roofline"`` returns the uncalibrated v0; ``path`` loads any coefficient file
     (e.g. an engine profiled on ``cpu``) and overrides ``kind``.  The file's hardware,
-    model, tp and layer count must match the arguments.
+    model, tp and layer count must match the arguments.  A device-only file gets the engine
+    terms of the profile ``engine_overhead`` (a name in ``conf/engine_overhead``); a file
+    profiled on a live engine already holds its own, and the profile is not applied.
     """
     if path is None:
         if kind == "roofline":
@@ -391,6 +478,11 @@ def load_cost_model(
                 f"no calibrated cost model for {model.name} on {tp} x {hardware.name}: {path} is absent; "
                 f"available in {COST_DIR}: {', '.join(available) or 'none'}"
             )
+    profile = (
+        engine_overhead
+        if isinstance(engine_overhead, EngineOverhead)
+        else load_engine_overhead(engine_overhead)
+    )
     data = read_cost_file(path)
     expected = {"hardware": hardware.name, "model": model.name, "tp": tp}
     for name, value in expected.items():
@@ -402,4 +494,12 @@ def load_cost_model(
             f"{path}: params.num_layers is {params.num_layers}, but {model.name} has {model.num_layers} layers"
         )
     origin = "derived" if data["derived"] else "calibrated"
-    return RooflineCostModel(params, f"{origin} {hardware.name} {model.name} tp{tp}: {data['source']}")
+    description = f"{origin} {hardware.name} {model.name} tp{tp}: {data['source']}"
+    if not data[DEVICE_ONLY]:
+        return RooflineCostModel(params, description)
+    terms = profile.terms(hardware.name)
+    return RooflineCostModel(
+        with_engine_overhead(params, terms, model, hardware, tp),
+        f"{description}; engine overhead {profile.name} (combine {profile.combine}): {profile.source}",
+        serial_host=profile.serial,
+    )

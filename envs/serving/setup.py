@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from chunkgym.config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, check, from_mapping
 from envs.serving.core import ServingConfig
 from envs.serving.cost_model import CostModel, RooflineCostModel, roofline_params
+from envs.serving.engine_overhead import DEFAULT_ENGINE_OVERHEAD
 from envs.serving.metrics import SLO, SLOSpec, load_slo
 from envs.serving.simulator import Simulator
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
@@ -15,17 +17,38 @@ from envs.serving.workloads.trace import Trace
 
 DEFAULT_MODEL = "llama3_8b"
 DEFAULT_HARDWARE = "a100_80gb"
+PROFILE_NAME = re.compile(r"[a-z0-9_]+")
+
+
+def split_cost_model(kind: str) -> tuple[str, str]:
+    """``"calibrated:<profile>"`` (or ``"<file>.yaml:<profile>"``) -> the cost model and the engine
+    overhead profile's name; a bare kind takes :data:`DEFAULT_ENGINE_OVERHEAD`."""
+    base, sep, profile = kind.rpartition(":")
+    if (
+        sep
+        and PROFILE_NAME.fullmatch(profile)
+        and (base in ("calibrated", "roofline") or base.endswith((".yaml", ".yml")))
+    ):
+        return base, profile
+    return kind, DEFAULT_ENGINE_OVERHEAD
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, tp: int, kind: str) -> CostModel:
-    """``kind``: "calibrated" (fitted file in conf/cost), "roofline" (datasheet v0) or a file path."""
+    """``kind``: "calibrated" (fitted file in conf/cost), "roofline" (datasheet v0) or a file path,
+    each but the roofline optionally followed by ``:<engine overhead profile>`` (conf/engine_overhead)."""
     if kind == "roofline":
         return RooflineCostModel(roofline_params(model, hardware, tp), "roofline v0 (uncalibrated)")
     from envs.serving.cost_model import load_cost_model
 
-    if kind == "calibrated":
-        return load_cost_model(model, hardware, tp)
-    return load_cost_model(model, hardware, tp, path=kind)
+    base, overhead = split_cost_model(kind)
+    if base == "roofline":
+        raise ValueError(
+            f"cost_model={kind!r}: the roofline v0 carries its own nominal overhead; an engine overhead "
+            f"profile applies to calibrated files (cost_model=calibrated:{overhead})"
+        )
+    if base == "calibrated":
+        return load_cost_model(model, hardware, tp, engine_overhead=overhead)
+    return load_cost_model(model, hardware, tp, path=base, engine_overhead=overhead)
 
 
 SERVING_RULES: dict[str, Rule] = {
