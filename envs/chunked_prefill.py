@@ -299,9 +299,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         truncated = (core.n_good + core.n_bad == n) or not more or self._steps >= self.max_steps
         log = sim.log
         self._valid = valid = self.actions.valid(sim.view)
-        self._mask = mask = self.actions.mask(
-            sim.view, valid
-        )  # a fresh array: info and action_masks() share it
+        # A fresh array: info and action_masks() share it.
+        self._mask = mask = self.actions.mask(sim.view, valid)
         info: dict[str, Any] = {
             "now": core.now,
             "latency": latency,
