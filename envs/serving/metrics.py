@@ -224,8 +224,11 @@ def pct(values: np.ndarray, q: float) -> float:
 
 def pcts(values: np.ndarray, qs: Sequence[float]) -> list[float]:
     """:func:`pct` for each of ``qs``, with one partition of ``values`` (the same numbers)."""
-    values = values[~np.isnan(values)] if values.dtype.kind == "f" else values
-    return [float(x) for x in np.percentile(values, qs)] if len(values) else [math.nan] * len(qs)
+    # A copy (without the NaNs), so the partition may reorder it in place.
+    values = values[~np.isnan(values)] if values.dtype.kind == "f" else values.copy()
+    if not len(values):
+        return [math.nan] * len(qs)
+    return [float(x) for x in np.percentile(values, qs, overwrite_input=True)]
 
 
 def request_summary(out: RequestOutcomes, span_s: float) -> dict[str, float]:
@@ -275,11 +278,15 @@ def _ms_stats(name: str, seconds: np.ndarray) -> dict[str, float]:
     values = seconds[~np.isnan(seconds)] * 1e3
     if not len(values):
         return {f"{name}_ms_{stat}": math.nan for stat in VLLM_STATS}
+    mean, std = float(np.mean(values)), float(np.std(values))
+    # ``values`` is this function's own copy, so the order statistics may reorder it in place;
+    # mean and std, whose sums depend on the order, are taken before.
+    median = float(np.median(values, overwrite_input=True))
     return {
-        f"{name}_ms_mean": float(np.mean(values)),
-        f"{name}_ms_median": float(np.median(values)),
-        f"{name}_ms_std": float(np.std(values)),
-        f"{name}_ms_p99": float(np.percentile(values, 99)),
+        f"{name}_ms_mean": mean,
+        f"{name}_ms_median": median,
+        f"{name}_ms_std": std,
+        f"{name}_ms_p99": float(np.percentile(values, 99, overwrite_input=True)),
     }
 
 
