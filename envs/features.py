@@ -10,6 +10,7 @@ times), which is what the Box observation space declares.  Cost: O(lookahead).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,9 +52,18 @@ def features_v0(view: ServingView) -> np.ndarray:
     return np.fromiter(_values_v0(view, _scan(view)), np.float32, len(FEATURES_V0))
 
 
-Scan = tuple[int, int, int, float, float, int, int, int, int]
-"""One pass over the lookahead: its size, pending, shortest, min_slack, oldest arrival, doomed,
-and the alive (still able to meet TTFT) count, pending and shortest."""
+class Scan(NamedTuple):
+    """The lookahead's sums both feature sets read ("alive": prompts that can still meet TTFT)."""
+
+    size: int
+    pending: int
+    shortest: int
+    min_slack: float
+    oldest: float  # earliest arrival
+    doomed: int
+    alive: int
+    alive_pending: int
+    alive_shortest: int
 
 
 def _scan(view: ServingView) -> Scan:
@@ -83,7 +93,7 @@ def _scan(view: ServingView) -> Scan:
             alive_pending += left
             if not alive_shortest or left < alive_shortest:
                 alive_shortest = left
-    return len(look), pending, shortest, min_slack, oldest, doomed, alive, alive_pending, alive_shortest
+    return Scan(len(look), pending, shortest, min_slack, oldest, doomed, alive, alive_pending, alive_shortest)
 
 
 def _values_v0(view: ServingView, scan: Scan) -> tuple[float, ...]:
@@ -93,7 +103,7 @@ def _values_v0(view: ServingView, scan: Scan) -> tuple[float, ...]:
     seqs = view.max_num_seqs
     queue = view.queue
     n_dec = view.num_decode
-    n_look, pending, shortest, min_slack, oldest, doomed = scan[:6]
+    n_look, pending, shortest, min_slack, oldest, doomed = scan[:6]  # the fields v0 reads
     if queue:
         head = queue[0]
         head_left = head.target - head.computed
@@ -147,7 +157,7 @@ _L256 = math.log1p(256)
 def features_v1(view: ServingView) -> np.ndarray:
     """The v0 features plus SLO-risk, doomed-work and prediction features (see ``FEATURES_V1``)."""
     scan = _scan(view)
-    pending, alive, alive_pending, alive_shortest = scan[1], *scan[6:]
+    pending, alive, alive_pending, alive_shortest = scan.pending, *scan[6:]  # the alive fields
     now = view.now
     slo = view.slo
     n_dec = view.num_decode
