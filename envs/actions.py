@@ -16,7 +16,9 @@ where rules are masked).  The mapping is exact, not an approximation.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -31,16 +33,21 @@ def covering_level(view: ServingView) -> int:
     work = view.num_decode
     for req in view.lookahead:
         work += req.target - req.computed
-    for i, level in enumerate(BUDGET_LEVELS):
-        if level >= work:
-            return i
-    return NUM_LEVELS - 1
+    return min(bisect_left(BUDGET_LEVELS, work), NUM_LEVELS - 1)
+
+
+Valid = tuple[int, bool]
+"""What a state allows: the highest valid budget level, and whether the rules differ."""
 
 
 @dataclass(frozen=True)
 class ActionSpec:
     """``MultiDiscrete([9, len(rules)])``: a budget level and an allocation rule (index into ``rules``),
-    planned with ``admission``."""
+    planned with ``admission``.
+
+    The methods taking ``valid`` accept :meth:`valid` of the same state from a caller that
+    already has it (the env computes it once per step, for the mask and the next plan).
+    """
 
     rules: tuple[Rule, ...]
     admission: Admission = Admission.SKIP
@@ -53,27 +60,26 @@ class ActionSpec:
     def rule_names(self) -> tuple[str, ...]:
         return tuple(r.name.lower() for r in self.rules)
 
-    def mask(self, view: ServingView) -> np.ndarray:
-        """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules."""
-        mask = np.zeros(NUM_LEVELS + len(self.rules), dtype=bool)
+    def valid(self, view: ServingView) -> Valid:
+        """The highest valid level (the covering one; 0 with no prompt waiting) and whether rules differ."""
         queued = len(view.queue)
-        mask[: (covering_level(view) if queued else 0) + 1] = True
-        if queued > 1:
-            mask[NUM_LEVELS:] = True
-        else:
-            mask[NUM_LEVELS] = True
-        return mask
+        return (covering_level(view) if queued else 0), queued > 1
 
-    def canonical(self, view: ServingView, level: int, rule: int) -> tuple[int, int]:
+    def mask(self, view: ServingView, valid: Valid | None = None) -> np.ndarray:
+        """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules (a fresh array)."""
+        level, rules = valid or self.valid(view)
+        return _masks(len(self.rules))[level, int(rules)].copy()
+
+    def canonical(
+        self, view: ServingView, level: int, rule: int, valid: Valid | None = None
+    ) -> tuple[int, int]:
         """The valid action with the same plan as ``(level, rule)``."""
-        queued = len(view.queue)
-        if not queued:
-            return 0, 0
-        return min(int(level), covering_level(view)), (int(rule) if queued > 1 else 0)
+        top, rules = valid or self.valid(view)
+        return min(int(level), top), (int(rule) if rules else 0)
 
-    def plan(self, view: ServingView, level: int, rule: int) -> Plan:
+    def plan(self, view: ServingView, level: int, rule: int, valid: Valid | None = None) -> Plan:
         """The plan an action stands for: the shared planner at that budget and rule."""
-        return self._plan_at(view, *self.canonical(view, level, rule))
+        return self._plan_at(view, *self.canonical(view, level, rule, valid))
 
     def _plan_at(self, view: ServingView, level: int, rule: int) -> Plan:
         return plan_budget(view, BUDGET_LEVELS[level], self.rules[rule], admission=self.admission)
@@ -88,6 +94,17 @@ class ActionSpec:
                 if _plan_key(self._plan_at(view, int(level), int(rule))) == want:
                     return int(level), int(rule)
         raise ValueError(f"no action of {self.rule_names} x budget levels gives the plan {want}")
+
+
+@cache
+def _masks(n_rules: int) -> np.ndarray:
+    """Every mask there is, indexed by :meth:`ActionSpec.valid`: ``[level, rules differ]``."""
+    masks = np.zeros((NUM_LEVELS, 2, NUM_LEVELS + n_rules), dtype=bool)
+    for level in range(NUM_LEVELS):
+        masks[level, :, : level + 1] = True
+    masks[:, 0, NUM_LEVELS] = True
+    masks[:, 1, NUM_LEVELS:] = True
+    return masks
 
 
 def _plan_key(plan: Plan) -> tuple[bool, tuple[tuple[int, int], ...]]:

@@ -241,6 +241,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = spaces.Box(-1.0, 1.0, (len(version_data.feature_names),), np.float32)
         self.sim: Simulator | None = None
         self._mask = np.zeros(sum(self.actions.nvec), dtype=bool)
+        self._valid = (0, False)  # self.actions.valid of the state the agent sees
         self._steps = 0
         self._score = 0
         self._episodes = 0
@@ -279,7 +280,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._advance()
         self._steps = 0
         self._score = 0
-        self._mask = self.actions.mask(self.sim.view)
+        self._valid = self.actions.valid(self.sim.view)
+        self._mask = self.actions.mask(self.sim.view, self._valid)
         info = {
             "requests": len(trace),
             "load_scale": load,
@@ -294,7 +296,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         if sim is None:
             raise RuntimeError("call reset() before step()")
         core = sim.core
-        latency = sim.step(self.actions.plan(sim.view, int(action[0]), int(action[1])))
+        latency = sim.step(self.actions.plan(sim.view, int(action[0]), int(action[1]), self._valid))
         more = self._advance()
         self._steps += 1
         score = self.version.score(core)
@@ -303,7 +305,9 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         n = len(core.requests)
         truncated = (core.n_good + core.n_bad == n) or not more or self._steps >= self.max_steps
         log = sim.log
-        self._mask = mask = self.actions.mask(sim.view)  # a fresh array: info and action_masks() share it
+        self._valid = valid = self.actions.valid(sim.view)
+        # A fresh array: info and action_masks() share it.
+        self._mask = mask = self.actions.mask(sim.view, valid)
         info: dict[str, Any] = {
             "now": core.now,
             "latency": latency,

@@ -10,6 +10,7 @@ times), which is what the Box observation space declares.  Cost: O(lookahead).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,33 +49,61 @@ def _unit(x: float) -> float:
 
 
 def features_v0(view: ServingView) -> np.ndarray:
-    return np.array(_values_v0(view), dtype=np.float32)
+    return np.fromiter(_values_v0(view, _scan(view)), np.float32, len(FEATURES_V0))
 
 
-def _values_v0(view: ServingView) -> tuple[float, ...]:
-    """The v0 features as Python floats (v1 extends them before the one float32 conversion)."""
+class Scan(NamedTuple):
+    """The lookahead's sums both feature sets read ("alive": prompts that can still meet TTFT)."""
+
+    size: int
+    pending: int
+    shortest: int
+    min_slack: float
+    oldest: float  # earliest arrival
+    doomed: int
+    alive: int
+    alive_pending: int
+    alive_shortest: int
+
+
+def _scan(view: ServingView) -> Scan:
+    """The lookahead's sums for both feature sets, in one pass (features run every step)."""
     now = view.now
-    slo = view.slo
-    seqs = view.max_num_seqs
-    queue = view.queue
-    look = view.lookahead
-    n_dec = view.num_decode
     per_token = view.prefill_s_per_token
-
-    pending = shortest = doomed = 0
+    pending = shortest = doomed = alive = alive_pending = alive_shortest = 0
     min_slack = 1.0
     oldest = now
+    look = view.lookahead
     for r in look:
         left = r.target - r.computed
         pending += left
         if not shortest or left < shortest:
             shortest = left
-        slack = (r.deadline - now - per_token * left) / r.ttft_bound
+        bound = r.ttft_bound
+        slack = (r.deadline - now - per_token * left) / bound
         if slack < min_slack:
             min_slack = slack
-        if r.arrival < oldest:
-            oldest = r.arrival
-        doomed += r.violated
+        arrival = r.arrival
+        if arrival < oldest:
+            oldest = arrival
+        violated = r.violated
+        doomed += violated
+        if not violated and now - arrival <= bound:
+            alive += 1
+            alive_pending += left
+            if not alive_shortest or left < alive_shortest:
+                alive_shortest = left
+    return Scan(len(look), pending, shortest, min_slack, oldest, doomed, alive, alive_pending, alive_shortest)
+
+
+def _values_v0(view: ServingView, scan: Scan) -> tuple[float, ...]:
+    """The v0 features as Python floats (v1 extends them before the one float32 conversion)."""
+    now = view.now
+    slo = view.slo
+    seqs = view.max_num_seqs
+    queue = view.queue
+    n_dec = view.num_decode
+    n_look, pending, shortest, min_slack, oldest, doomed = scan[:6]  # the fields v0 reads
     if queue:
         head = queue[0]
         head_left = head.target - head.computed
@@ -91,14 +120,14 @@ def _values_v0(view: ServingView) -> tuple[float, ...]:
         _unit(math.log1p(shortest) / _L17),
         -1.0 if head_slack < -1.0 else 1.0 if head_slack > 1.0 else head_slack,
         -1.0 if min_slack < -1.0 else min_slack,
-        doomed / len(look) if look else 0.0,
+        doomed / n_look if n_look else 0.0,
         _unit(oldest_age),
         _unit((now - view.last_decode_time) / slo.stall_s) if n_dec else 0.0,
         _unit(view.free_blocks / view.total_blocks),
         _unit(math.log1p(view.decode_context / n_dec) / _L17) if n_dec else 0.0,
         _unit(view.last_latency / slo.tpot_s / 4),
         _unit(view.latency_ewma / slo.tpot_s / 4),
-        _unit(view.arrival_rate() * per_token * 1024 / 4),
+        _unit(view.arrival_rate() * view.prefill_s_per_token * 1024 / 4),
     )
 
 
@@ -127,18 +156,11 @@ _L256 = math.log1p(256)
 
 def features_v1(view: ServingView) -> np.ndarray:
     """The v0 features plus SLO-risk, doomed-work and prediction features (see ``FEATURES_V1``)."""
+    scan = _scan(view)
+    pending, alive, alive_pending, alive_shortest = scan.pending, *scan[6:]  # the alive fields
     now = view.now
     slo = view.slo
     n_dec = view.num_decode
-    alive = alive_pending = alive_shortest = pending = 0
-    for r in view.lookahead:
-        left = r.target - r.computed
-        pending += left
-        if not r.violated and now - r.arrival <= r.ttft_bound:
-            alive += 1
-            alive_pending += left
-            if not alive_shortest or left < alive_shortest:
-                alive_shortest = left
     slack = view.min_tpot_slack() / (8 * slo.tpot_s)
     free = view.free_blocks
     demand = pending / view.block_size
@@ -148,8 +170,8 @@ def features_v1(view: ServingView) -> np.ndarray:
         (pending,) if pending else (),
         (0,) if pending else (),
     )
-    return np.array(
-        _values_v0(view)
+    return np.fromiter(
+        _values_v0(view, scan)
         + (
             -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
             view.num_decode_doomed / n_dec if n_dec else 0.0,
@@ -162,5 +184,6 @@ def features_v1(view: ServingView) -> np.ndarray:
             _unit(latency / slo.tpot_s / 8),
             _unit(math.log1p(n_dec) / _L256),
         ),
-        dtype=np.float32,
+        np.float32,
+        len(FEATURES_V1),
     )

@@ -13,6 +13,7 @@ from envs.serving.metrics import (
     load_slo,
     request_summary,
     slo_names,
+    stall_of,
 )
 
 SLO_T = SLO("t", tpot_s=0.1, stall_s=0.3, ttft_base_s=1.0, ttft_factor=2.0, reference_decode_s=0.02)
@@ -55,6 +56,38 @@ def test_system_metrics_by_hand():
     assert s["tbt_p99_s"] == pytest.approx(0.1 + 0.96 * 0.2)
     assert s["max_tbt_s"] == pytest.approx(0.3)
     assert s["sched_delay_p50_s"] == pytest.approx(0.2)
+
+
+def test_vectorised_metrics_equal_the_definitions_exactly():
+    """Stalls in one pass and percentiles in one partition give the one-by-one numbers, bit for bit."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        lens = rng.choice([0, 1, 2, 3, 9], size=n)  # 0: rejected
+        times = [
+            None if k == 0 else np.cumsum(np.round(rng.random(k), int(rng.integers(1, 4)))) for k in lens
+        ]
+        arrival = [0.0] * n
+        out = RequestOutcomes.from_token_times(
+            arrival, [10] * n, [max(int(k), 1) for k in lens], times, arrival, [1.0] * n, SLO_T
+        )
+        fin = [i for i in range(n) if lens[i]]
+        assert out.stall[fin].tolist() == [stall_of(times[i]) for i in fin]
+        gaps = np.concatenate(out.gaps)
+        s = request_summary(out, span_s=1.0)
+        if len(gaps):
+            assert [s[f"tbt_p{q}_s"] for q in (50, 95, 99)] == [
+                float(np.percentile(gaps, q)) for q in (50, 95, 99)
+            ]
+            ms = gaps * 1e3
+            assert (s["itl_ms_mean"], s["itl_ms_median"], s["itl_ms_std"], s["itl_ms_p99"]) == (
+                float(np.mean(ms)),
+                float(np.median(ms)),
+                float(np.std(ms)),
+                float(np.percentile(ms, 99)),
+            )
+        ttft = out.ttft[out.finished]
+        assert s["ttft_p95_s"] == float(np.percentile(ttft, 95)) if len(ttft) else math.isnan(s["ttft_p95_s"])
 
 
 def test_stall_bound_alone_fails_a_request():

@@ -103,7 +103,7 @@ class Request:
                 times.append(p)
             else:
                 times.extend(decode_end[p[0] : p[1]])
-        return np.array(times)
+        return np.fromiter(times, np.float64, len(times))  # a third of np.array(times)'s time
 
     def __repr__(self) -> str:
         return (
