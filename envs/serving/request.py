@@ -7,6 +7,7 @@ not mutate it.
 
 from __future__ import annotations
 
+import copy
 from enum import IntEnum
 
 import numpy as np
@@ -89,6 +90,15 @@ class Request:
         self.preemptions = 0
         self.seq = rid  # queue order key: arrival order, preempted requests jump ahead
         self.running = False  # holds a batch slot: got a prefill chunk since its (re)admission
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Request:
+        """A copy for a simulator fork, fast: a request's only mutable parts are its two lists
+        (of numbers and tuples), and its hash ids are never written, so they are shared."""
+        twin = copy.copy(self)
+        twin.emissions = self.emissions.copy()
+        twin.prefix_units = self.prefix_units.copy()
+        memo[id(self)] = twin
+        return twin
 
     @property
     def remaining_prefill(self) -> int:
