@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from chunkgym import backends
 from envs.serving.early import Attain90Stop
-from envs.serving.loop import IterationLog
+from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
@@ -91,29 +91,11 @@ class ProbeRun:
         return Probe(scale, passed, False, decided, len(trace))
 
 
-class _Unrecorded(IterationLog):
-    """An iteration log that keeps nothing: a probe decided from the SLO counters never reads it."""
-
-    def append(
-        self,
-        start: float,
-        latency: float,
-        decode_tokens: int,
-        prefill_tokens: int,
-        prefill_seqs: int,
-        kv_used: int,
-    ) -> None:
-        pass
-
-    def extend(self, **columns: Sequence[float]) -> None:
-        pass
-
-
 def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -> Probe:
     """Serve until ``proof`` knows the outcome, unrecorded: it always does by the end, where
     every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
     core = sim.core
-    sim.log = _Unrecorded()
+    sim.log = UnrecordedLog()
     policy.reset(sim.view)
     early = sim.run_until(policy, stop=lambda: proof(core))
     assert proof(core), "a finished run has every request known good or bad"

@@ -7,7 +7,6 @@ not mutate it.
 
 from __future__ import annotations
 
-import copy
 from enum import IntEnum
 
 import numpy as np
@@ -94,7 +93,9 @@ class Request:
     def __deepcopy__(self, memo: dict[int, object]) -> Request:
         """A copy for a simulator fork, fast: a request's only mutable parts are its two lists
         (of numbers and tuples), and its hash ids are never written, so they are shared."""
-        twin = copy.copy(self)
+        twin = Request.__new__(Request)
+        for name in Request.__slots__:  # every slot is set in __init__
+            setattr(twin, name, getattr(self, name))
         twin.emissions = self.emissions.copy()
         twin.prefix_units = self.prefix_units.copy()
         memo[id(self)] = twin
