@@ -22,6 +22,7 @@ The last stdout line is one JSON object.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -30,30 +31,22 @@ from typing import Any
 import numpy as np
 
 import chunkgym
+from baselines import Sarathi
 from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, NON_NEGATIVE, POSITIVE
 from chunkgym.config import Rule as OptionRule
+from envs.serving.capacity import measure_capacity
 from envs.serving.early import Attain90Stop
-from envs.serving.metrics import capacity_search
+from envs.serving.metrics import attain90, capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
-from envs.serving.workload import Workload, load_workload, workload_names
+from envs.serving.workload import load_workload, workload_names
 from leaderboard.parallel import parallel_map
 from leaderboard.runs import cached_workload
 from policies.oracle import DEFAULT_BUDGETS, DEFAULT_RULES, oracle_run
 
 SARATHI_BUDGETS = (128, 256, 512, 1024, 2048, 4096, 8192)
-THRESHOLD = 0.9  # SLO attainment at capacity
-
-
-def attainment(
-    setup: ServingSetup, workload: Workload, seed: int, scale: float, budget: int, rule: Rule
-) -> float:
-    from baselines import Sarathi
-
-    trace = workload.window("val", seed, scale)
-    return setup.simulator(trace).run(Sarathi(budget, RULE_NAMES[rule])).metrics["slo_attainment"]
 
 
 @dataclass(frozen=True)
@@ -72,11 +65,10 @@ class FixedSearch:
 
 
 def fixed_capacity(job: FixedSearch) -> float:
+    """The ``attain90`` capacity search of :mod:`envs.serving.capacity`, probes decided early."""
     setup, workload = ServingSetup.from_names(), cached_workload(job.workload)  # jobs run in workers
-    return capacity_search(
-        lambda s: attainment(setup, workload, job.seed, s, job.budget, job.rule) >= THRESHOLD,
-        rel_tol=job.rel_tol,
-    ).scale
+    policy = functools.partial(Sarathi, job.budget, RULE_NAMES[job.rule])
+    return measure_capacity(setup, workload, policy, "attain90", "val", job.seed, rel_tol=job.rel_tol).scale
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,7 @@ def oracle_capacity(job: OracleSearch) -> tuple[float, float]:
         )
         if result.stopped:
             return proof.passed(sim.core)
-        return bool(result.metrics["slo_attainment"] >= THRESHOLD)
+        return attain90(result.metrics)
 
     scale = capacity_search(passes, start=job.start, rel_tol=job.rel_tol).scale
     return scale, time.perf_counter() - start

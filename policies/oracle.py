@@ -9,6 +9,11 @@ requests known to meet their SLO minus those known to miss them, and commits the
 candidate for the period.  This is rollout-based policy improvement (Bertsekas): with
 horizons long enough to settle the queue it never does worse than the base action,
 which the greedy "constant action over the horizon" variant can (it is myopic).
+
+Forks share the finished history (:meth:`Simulator.fork`), rollouts record no iteration
+log, and a candidate whose period planned exactly as an earlier one's (the same budgets
+often cut the same chunks) takes that one's score: the simulator is deterministic, so its
+rollout would end in the same state.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from collections.abc import Callable, Sequence
 
 from baselines import Sarathi
 from envs.actions import BUDGET_LEVELS
-from envs.serving.loop import SimResult
-from envs.serving.scheduling import Rule
+from envs.serving.loop import SimResult, UnrecordedLog
+from envs.serving.scheduling import Plan, Policy, Rule, ServingView
 from envs.serving.simulator import Simulator
 
 DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
@@ -32,6 +37,24 @@ def run_until(sim: Simulator, action: Action, until: float, stop: Callable[[], b
     False once the trace is done."""
     budget, rule = action
     return sim.run_until(Sarathi(budget, rule.name), stop=stop, until_s=until)
+
+
+PlanKey = tuple[bool, tuple[tuple[int, int], ...]]  # decode?, (request id, tokens) per chunk
+
+
+class _Recorded(Policy):
+    """``policy``, recording its plans: two candidates whose periods planned alike leave the
+    simulator (deterministic) in the same state, so the second one's rollout is not run."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.plans: list[PlanKey] = []
+
+    def plan(self, view: ServingView) -> Plan:
+        plan = self.policy.plan(view)
+        self.plans.append((plan.decode, tuple((r.rid, n) for r, n in plan.chunks)))
+        return plan
 
 
 def oracle_run(
@@ -63,11 +86,17 @@ def oracle_run(
             break
         start = sim.core.now
         best, best_score = base, None
+        scores: dict[tuple[bool, tuple[PlanKey, ...]], int] = {}  # by the period's plans
         for action in candidates:  # the base action first: ties keep it
             twin = sim.fork(keep_log=False)
-            if run_until(twin, action, start + period_s):
-                run_until(twin, base, start + horizon_s)
-            score = twin.core.n_good - twin.core.n_bad
+            twin.log = UnrecordedLog()  # a rollout is scored on the SLO counters alone
+            period = _Recorded(Sarathi(action[0], action[1].name))
+            key = twin.run_until(period, until_s=start + period_s), tuple(period.plans)
+            if key not in scores:  # else an earlier candidate planned alike: the same state, score
+                if key[0]:
+                    run_until(twin, base, start + horizon_s)
+                scores[key] = twin.core.n_good - twin.core.n_bad
+            score = scores[key]
             if best_score is None or score > best_score:
                 best, best_score = action, score
         choices.append((start, best[0], int(best[1])))

@@ -9,8 +9,10 @@ its arrival times, so every probe serves the same requests.
 Two mechanisms make a search fast without changing its answer (``early_stop=False,
 parallel=1`` is the reference path):
 
-* early stop: an ``attain90`` probe ends the moment its pass/fail is proven
-  (:mod:`envs.serving.early`); ``tbt`` probes always run to the end.
+* early stop: an ``attain90`` probe is decided from the core's SLO counters
+  (:mod:`envs.serving.early`): it ends the moment its pass/fail is proven, and it records
+  no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
+  to the end and are judged on the summary.
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
@@ -20,15 +22,19 @@ parallel=1`` is the reference path):
 from __future__ import annotations
 
 import heapq
+import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 
 from chunkgym import backends
 from envs.serving.early import Attain90Stop
+from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
+from envs.serving.simulator import Simulator
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 
@@ -74,20 +80,26 @@ class ProbeRun:
     def __call__(self, scale: float, trace: Trace) -> Probe:
         sim = self.setup.simulator(trace)
         core = sim.core
-        stop = (
-            Attain90Stop.for_requests(len(trace))
-            if self.early_stop and self.criterion == "attain90"
-            else None
-        )
-        result = sim.run(self.make_policy(), stop=None if stop is None else lambda: stop(core))
+        if self.early_stop and self.criterion == "attain90":
+            return _decide(sim, self.make_policy(), Attain90Stop.for_requests(len(trace)), scale)
+        result = sim.run(self.make_policy())
         decided = core.n_good + core.n_bad
-        if result.stopped and stop is not None:
-            return Probe(scale, stop.passed(core), True, decided, len(trace))
         if self.criterion == "attain90":
             passed = attain90(result.metrics)
         else:
             passed = tbt_criterion(result.metrics, self.setup.slo.tpot_s)
         return Probe(scale, passed, False, decided, len(trace))
+
+
+def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -> Probe:
+    """Serve until ``proof`` knows the outcome, unrecorded: it always does by the end, where
+    every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
+    core = sim.core
+    sim.log = UnrecordedLog()
+    policy.reset(sim.view)
+    early = sim.run_until(policy, stop=lambda: proof(core))
+    assert proof(core), "a finished run has every request known good or bad"
+    return Probe(scale, proof.passed(core), early, core.n_good + core.n_bad, len(core.requests))
 
 
 @dataclass(frozen=True)
@@ -197,12 +209,21 @@ def speculative_search(
     Per query: its result and every probe run (its own and the speculative ones), by scale.
     The executor is the backend: anything whose ``submit`` returns futures (a local process
     pool, or :class:`chunkgym.backends.RayExecutor`'s tasks).  Probes nearer the searches'
-    current state go first; those pending when the search ends are cancelled (a process pool
-    drops the queued ones; Ray also stops the running ones).
+    current state go first, and among those of one depth the slowest search's (by its probes'
+    mean seconds so far; a search with none yet counts as slowest), so that the long searches
+    start at once and the short ones fill the gaps; the order changes no outcome.  Probes
+    pending when the search ends are cancelled (a process pool drops the queued ones; Ray also
+    stops the running ones).
     """
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
-    running: dict[tuple[int, float], Future[Probe]] = {}
+    running: dict[tuple[int, float], tuple[Future[Probe], float]] = {}  # and its start time
+    seconds: list[list[float]] = [[] for _ in queries]  # each query's finished probes' durations
+
+    def priority(item: tuple[int, int, float]) -> tuple[int, float]:
+        took = seconds[item[1]]
+        return item[0], -sum(took) / len(took) if took else -math.inf
+
     while True:
         frontiers = []
         for i, query in enumerate(queries):
@@ -214,20 +235,22 @@ def speculative_search(
                 continue
             frontiers.append(_frontier(i, state, done[i], rel_tol=query.rel_tol))
         if len(results) == len(queries):
-            for future in running.values():
+            for future, _ in running.values():
                 future.cancel()
             return [(results[i], done[i]) for i in range(len(queries))]
-        for _, i, scale in heapq.merge(*frontiers, key=_depth) if len(running) < width else ():
+        for _, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width else ():
             if (i, scale) in running:
                 continue
-            running[i, scale] = executor.submit(runs[i], scale, queries[i].trace_at(scale))
+            trace = queries[i].trace_at(scale)
+            running[i, scale] = executor.submit(runs[i], scale, trace), time.perf_counter()
             if len(running) >= width:
                 break
-        finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
-        for key, future in list(running.items()):
+        finished, _ = wait([f for f, _ in running.values()], return_when=FIRST_COMPLETED)
+        for (i, scale), (future, start) in list(running.items()):
             if future in finished:
-                done[key[0]][key[1]] = future.result()
-                del running[key]
+                done[i][scale] = future.result()
+                seconds[i].append(time.perf_counter() - start)
+                del running[i, scale]
 
 
 def _follow(done: dict[float, Probe], **search: float) -> list[bool] | CapacityResult:
@@ -272,7 +295,3 @@ def _frontier(
             yield depth, index, scale
             below += [[*outcomes, True], [*outcomes, False]]
         level, depth = below, depth + 1
-
-
-def _depth(item: tuple[int, int, float]) -> int:
-    return item[0]

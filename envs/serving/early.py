@@ -34,8 +34,8 @@ class Attain90Stop:
 
     @classmethod
     def for_requests(cls, n: int) -> Attain90Stop:
-        if n <= 0:  # attainment is NaN (a fail) and the run is empty: nothing to decide early
-            return cls(n, 1, 1)
+        if n <= 0:  # attainment is NaN: a fail, known before the run starts
+            return cls(n, 1, 0)
         good = next(g for g in range(n + 1) if g / n >= ATTAIN90_TARGET)
         bad = next(b for b in range(n + 1) if (n - b) / n < ATTAIN90_TARGET)
         return cls(n, good, bad)

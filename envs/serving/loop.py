@@ -83,6 +83,25 @@ class IterationLog:
         return {name: np.array(self.cols[name], dtype=dt) for name, dt in ITERATION_COLUMNS.items()}
 
 
+class UnrecordedLog(IterationLog):
+    """An iteration log that keeps nothing: for runs judged only on the core's SLO counters (a
+    capacity probe decided early, the oracle's rollouts), which never read their log."""
+
+    def append(
+        self,
+        start: float,
+        latency: float,
+        decode_tokens: int,
+        prefill_tokens: int,
+        prefill_seqs: int,
+        kv_used: int,
+    ) -> None:
+        pass
+
+    def extend(self, **columns: Sequence[float]) -> None:
+        pass
+
+
 @dataclass
 class SimResult:
     """Everything a run produced: per-request outcomes, per-iteration records, system metrics."""

@@ -90,6 +90,17 @@ class Request:
         self.seq = rid  # queue order key: arrival order, preempted requests jump ahead
         self.running = False  # holds a batch slot: got a prefill chunk since its (re)admission
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Request:
+        """A copy for a simulator fork, fast: a request's only mutable parts are its two lists
+        (of numbers and tuples), and its hash ids are never written, so they are shared."""
+        twin = Request.__new__(Request)
+        for name in Request.__slots__:  # every slot is set in __init__
+            setattr(twin, name, getattr(self, name))
+        twin.emissions = self.emissions.copy()
+        twin.prefix_units = self.prefix_units.copy()
+        memo[id(self)] = twin
+        return twin
+
     @property
     def remaining_prefill(self) -> int:
         """Tokens still to compute before the next token can be emitted."""

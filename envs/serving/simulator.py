@@ -158,16 +158,23 @@ class Simulator(ServingLoop):
     def fork(self, keep_log: bool = True) -> Simulator:
         """An independent copy of the current state for what-if rollouts.
 
-        Immutable parts (trace, cost model, SLO, finished requests' token times) are
-        shared; ``keep_log=False`` starts the copy with an empty iteration log.
+        Immutable parts (trace, cost model, SLO, finished and rejected requests, which never
+        change again, and their token times) are shared, and lists of them or of floats are
+        copied shallowly, so a fork costs the live state, not the history (the hindsight
+        oracle forks every action every period); ``keep_log=False`` starts the copy with an
+        empty iteration log.
         """
         core = self.core
         shared = [self.trace, self.cost, self.slo, self.config, core.cost_model, core.slo, core.config]
         shared += [r.hash_ids for r in core.requests if r.hash_ids is not None]
         shared += core.token_times.values()
+        shared += core.finished
+        shared += core.rejected
         if not keep_log:
             shared.append(self.log)
-        memo = {id(x): x for x in shared}
+        memo: dict[int, object] = {id(x): x for x in shared}
+        for history in (core.finished, core.rejected, core.token_times, core.decode.end):
+            memo[id(history)] = history.copy()
         twin = copy.deepcopy(self, memo)
         if not keep_log:
             twin.log = IterationLog()
