@@ -99,7 +99,7 @@ def main(args: Options) -> None:
         explained[cost_model] = gap_explained(skip, stop)
         share = explained[cost_model]
         print(
-            f"{cost_model:10s}: stop closes {share:.0%} of the TTFT P90 gap to Vidur"
+            f"{cost_model:10s}: stop closes {share:+.1%} of the TTFT P90 gap to Vidur"
             if share is not None
             else f"{cost_model:10s}: skip's TTFT P90 is already above Vidur's: no gap for the rule to explain"
         )

@@ -68,7 +68,8 @@ class ActionSpec:
     def mask(self, view: ServingView, valid: Valid | None = None) -> np.ndarray:
         """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules (a fresh array)."""
         level, rules = valid or self.valid(view)
-        return _masks(len(self.rules))[level, int(rules)].copy()
+        mask: np.ndarray = _masks(len(self.rules))[level, int(rules)].copy()
+        return mask
 
     def canonical(
         self, view: ServingView, level: int, rule: int, valid: Valid | None = None
