@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+import envs
 from chunkgym import tracking
 from chunkgym.tracking import LoggerConfig, TrackerMode
 from tests.test_train_cli import TINY, train
@@ -18,7 +19,7 @@ def test_wandb_offline_run_holds_config_and_scalars(tmp_path):
     assert len(logs) == 1
     data = logs[0].read_bytes()
     # the run name is {env_id}__{exp}__{seed}__{time}; the exported policy folder is a model artefact
-    assert b"chunkgym/ChunkedPrefill-v1__synthetic_azure_conv_maskable_ppo__0__" in data
+    assert f"{envs.ENV_ID}__synthetic_azure_conv_maskable_ppo__0__".encode() in data
     assert b"policy.safetensors" in data and b"policy-" in data
     # W&B's binary log stores keys and JSON-encoded values as plain bytes
     for key in (b"eval/goodput_rps", b"eval/ttft_p99_s", b"eval/tbt_p99_s", b"train/learning_rate"):
