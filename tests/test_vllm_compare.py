@@ -62,6 +62,10 @@ def test_compare_averages_windows_and_pools_steps():
     assert out["plan_agreement"] == pytest.approx(4 / 5)
     assert out["kendall_tau"] == pytest.approx(1.0)  # a above b on both sides
     assert a["goodput_per_window"] == {"vllm": [4.0, 6.0], "sim": [4.0, 6.0]}
+    assert a["step_speed_per_window"] == pytest.approx([1.0, 1.0]) and b["step_speed_per_window"] == [
+        1.5,
+        1.5,
+    ]
     text = table(out)
     assert "| `a` | 3 |" in text and "Kendall tau-b 1.000" in text
 

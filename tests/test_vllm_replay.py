@@ -140,3 +140,13 @@ def test_bench_smoke_run_prints_its_json(tmp_path, capsys, checkpoints):
     assert summary["vllm_version"] == llm.VERSION and isinstance(summary["load_avg"], float)
     assert summary["plan_agreement"] == 1.0
     assert (tmp_path / "cpu__vllm_small__tp1.yaml").is_file() and (tmp_path / "results.csv").is_file()
+
+
+@pytest.mark.parametrize(
+    "module", ["engine.vllm_backend.replay", "engine.vllm_backend.profile", "engine.vllm_backend.sim_to_real"]
+)
+def test_commands_reject_an_unknown_key_in_one_line(module):
+    import importlib
+
+    with pytest.raises(SystemExit, match="no_such_key"):
+        importlib.import_module(module).main(["no_such_key=1"])

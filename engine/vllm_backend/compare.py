@@ -66,6 +66,11 @@ def compare(
             },
             "plan_agreement": plan_agreement(its),
             "iterations": len(its["latency"]),
+            # median predicted / measured step latency per window: well below 1, vLLM ran slower than
+            # profiled throughout that replay (on a shared machine: another process held the core)
+            "step_speed_per_window": [
+                float(np.median(r.iterations["predicted"] / r.iterations["latency"])) for r in real
+            ],
             "goodput_per_window": {
                 side: [r.metrics["goodput_rps"] for r in rs] for side, rs in (("vllm", real), ("sim", sim))
             },

@@ -234,15 +234,15 @@ def result(
     cost, slo = setup.cost_model, setup.slo
     token_times = [np.array(t) if not why else None for t, why in zip(times, reject, strict=True)]
     outcomes = RequestOutcomes.from_token_times(
-        arrival=trace.arrival_s,
-        prompt_len=trace.prompt_len,
-        output_len=trace.output_len,
+        arrival=trace.arrival_s.tolist(),
+        prompt_len=trace.prompt_len.tolist(),
+        output_len=trace.output_len.tolist(),
         token_times=token_times,
-        first_scheduled=first,
+        first_scheduled=first.tolist(),
         ttft_bound=[slo.ttft_bound(cost.prefill_time_alone(int(p))) for p in trace.prompt_len],
         slo=slo,
         reject_reason=reject,
-        preemptions=preempted,
+        preemptions=preempted.tolist(),
     )
     metrics = request_summary(outcomes, trace.span_s)
     metrics.update(iteration_summary(iterations, setup.config.num_blocks, outcomes))
