@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -87,12 +88,13 @@ class ReplayConfig:
     weights_seed: int = 0
     prompt_seed: int = 0
     output_dir: str = "outputs/engine/replay"
+    BACKENDS: ClassVar[tuple[str, ...]] = BACKENDS  # what ``backends`` may name (vLLM's replay: vllm, sim)
 
     def __post_init__(self) -> None:
-        bad = [b for b in self.backends if b not in BACKENDS]
+        bad = [b for b in self.backends if b not in self.BACKENDS]
         if bad or not self.backends:
             raise ValueError(
-                f"backends must be a non-empty list of {', '.join(BACKENDS)}, got {self.backends}"
+                f"backends must be a non-empty list of {', '.join(self.BACKENDS)}, got {self.backends}"
             )
         if not (self.length_scale >= 1.0):
             raise ValueError(

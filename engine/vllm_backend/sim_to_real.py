@@ -1,0 +1,166 @@
+"""Sim-to-real against vLLM: profile vLLM, fit the cost model, replay the same windows on vLLM and in the simulator.
+
+1. profile vLLM (its own scheduler) over :func:`engine.vllm_backend.profile.grid` and fit the cost
+   model (:func:`engine.vllm_backend.profile.calibrate`), writing the coefficient file into ``out``;
+2. per policy, start vLLM with the chunkgym scheduler running it and replay every window of ``seeds``
+   in real time (:mod:`engine.vllm_backend.replay`); the simulator serves the same windows with the
+   fitted profile;
+3. compare (:func:`compare`): per-iteration latency MAPE (:func:`engine.sim_to_real.iteration_mape`:
+   each vLLM step against the cost model's prediction for the batch vLLM ran), the relative errors
+   ``|sim / vllm - 1|`` of TTFT P50, TTFT P99 and TBT P99 (each averaged over the windows first),
+   plan agreement (the fraction of vLLM's steps that scheduled exactly the tokens per request the
+   policy planned on vLLM's state), and Kendall's tau-b between the policies' mean goodput on vLLM
+   and in the simulator, a pair less than ``tie`` apart (relative) counting as tied.
+
+``python bench/sim_to_real_vllm.py`` is the entry point; its last stdout line is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from chunkgym import REPO_ROOT, resolve_path
+from chunkgym.cli import hydra_cli
+from chunkgym.config import AT_LEAST_ONE, Rule
+from chunkgym.io import atomic_write_text
+from engine.replay import Replay, check, write
+from engine.sim_to_real import _rounded
+from engine.vllm_backend import llm
+from engine.vllm_backend.compare import compare, table
+from engine.vllm_backend.profile import calibrate, grid, sample_frame
+from engine.vllm_backend.replay import VllmReplayConfig, VllmServer, replay
+from envs.serving.cost_model import RooflineCostModel
+
+DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm_bench.yaml"
+CONFIG_NAME = "sim_to_real_vllm"
+
+
+@dataclass
+class SimToRealVllmConfig(VllmReplayConfig):
+    """The slice (``config=PATH``, default ``conf/engine/vllm/cpu_vllm_bench.yaml``), its windows and the profiling."""
+
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # test windows, each replayed per policy
+    repeats: int = 5  # profiling repeats per composition (median)
+    warmup: int = 1  # untimed repeats before them
+    grid_stride: int = 1  # profile every k-th composition of the grid (smoke runs)
+    tie: float = 0.05  # goodputs less than this apart (relative) tie in the rank comparison
+    out: str = "outputs/sim_to_real_vllm"
+
+    def replay_config(self, seed: int) -> VllmReplayConfig:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(VllmReplayConfig)}
+        return VllmReplayConfig(**{**fields, "seed": seed})
+
+
+RULES: dict[str, Rule] = {
+    "repeats": AT_LEAST_ONE,
+    "warmup": Rule(lambda v: v >= 0, "an integer >= 0"),
+    "grid_stride": AT_LEAST_ONE,
+    "tie": Rule(lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
+    "seeds": Rule(lambda v: len(v) > 0, "a non-empty list of window seeds"),
+}
+
+
+def serve_all(
+    conf: SimToRealVllmConfig, log: Callable[[str], None], loads: list[float]
+) -> dict[tuple[str, str, int], Replay]:
+    """Every policy on vLLM (one engine per policy, the windows in turn) and in the simulator."""
+    done: dict[tuple[str, str, int], Replay] = {}
+    for policy in conf.policies:
+        server = VllmServer(conf.replay_config(conf.seeds[0]), policy)
+        try:
+            for seed in conf.seeds:
+                loads.append(os.getloadavg()[0])
+                one = dataclasses.replace(conf.replay_config(seed), policies=[policy])
+                done[(policy, "vllm", seed)] = replay(
+                    dataclasses.replace(one, backends=["vllm"]), {policy: server}, log
+                )
+                done[(policy, "sim", seed)] = replay(dataclasses.replace(one, backends=["sim"]), log=log)
+        finally:
+            server.close()
+            del server
+            gc.collect()
+    return done
+
+
+def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print) -> dict:
+    """The whole measurement (module docstring); the JSON-ready summary."""
+    for seed in conf.seeds:  # bad names and empty windows fail before minutes of profiling
+        check(conf.replay_config(seed))
+    start = time.perf_counter()
+    loads = [os.getloadavg()[0]]
+    compositions = grid()[:: conf.grid_stride]
+    log(
+        f"profiling vLLM {llm.VERSION} ({conf.model}, {conf.threads} thread(s)) over {len(compositions)} compositions..."
+    )
+    cal = calibrate(conf, out, conf.repeats, conf.warmup, compositions, log)
+    log(
+        f"fitted {cal.fit.points} compositions in {cal.seconds:.0f} s ({cal.span:.1f}x latency span): in-sample "
+        f"MAPE {cal.fit.in_sample_mape:.3f}, held-out {cal.fit.heldout_mape:.3f} -> {cal.path}"
+    )
+    sample_frame(cal.samples, RooflineCostModel(cal.fit.params)).to_csv(out / "profile.csv", index=False)
+    fitted = dataclasses.replace(conf, cost_model=str(cal.path))
+    done = serve_all(fitted, log, loads)
+    loads.append(os.getloadavg()[0])
+    merged = Replay(
+        [r for d in done.values() for r in d.rows],
+        pd.concat([d.iterations.assign(seed=s) for (_, _, s), d in done.items()], ignore_index=True),
+        {},
+    )
+    write(merged, out)
+    runs = {key: next(iter(d.results.values())) for key, d in done.items()}
+    summary = compare(runs, conf.policies, conf.seeds, conf.tie)
+    first = done[(conf.policies[0], "vllm", conf.seeds[0])].rows[0].row
+    summary.update(
+        policies=list(conf.policies),
+        windows=len(conf.seeds),
+        vllm_version=llm.VERSION,
+        load_avg=float(np.mean(loads)),
+        load_scale=conf.load_scale,
+        tie=conf.tie,
+        profile={
+            "compositions": cal.fit.points,
+            "in_sample_mape": cal.fit.in_sample_mape,
+            "heldout_mape": cal.fit.heldout_mape,
+            "latency_span": cal.span,
+            "seconds": cal.seconds,
+            "file": str(cal.path),
+        },
+        slice={
+            "workload": first["workload"],
+            "seeds": list(conf.seeds),
+            "load_scale": conf.load_scale,
+            "window_s": conf.window_s,
+            "length_scale": conf.length_scale,
+            "requests": [done[(conf.policies[0], "vllm", s)].rows[0].row["requests"] for s in conf.seeds],
+        },
+        machine=cal.where,
+        loadavg_samples=loads,
+        wall_s=time.perf_counter() - start,
+        output_dir=str(out),
+    )
+    return summary
+
+
+@hydra_cli(SimToRealVllmConfig, CONFIG_NAME, RULES, DEFAULT_CONFIG)
+def main(opts: SimToRealVllmConfig) -> dict:
+    """:func:`run`; the table and ``out/summary.json``, then the summary as the last stdout line."""
+    out = resolve_path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = run(opts, out, log=lambda s: print(s, flush=True))
+    except ValueError as exc:
+        raise SystemExit(f"python bench/sim_to_real_vllm.py: error: {exc}") from exc
+    print(table(summary))
+    atomic_write_text(out / "summary.json", json.dumps(_rounded(summary), indent=1) + "\n")
+    print(json.dumps(_rounded(summary)))
+    return summary
