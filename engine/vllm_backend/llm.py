@@ -49,7 +49,7 @@ def checkpoint(model: str, seed: int, root: Path) -> Path:
     path = root / f"{model}-seed{seed}"
     if (path / "model.safetensors").is_file():
         return path
-    import transformers  # type: ignore[import-not-found]  # the [vllm] extra's, absent from the default install
+    import transformers  # the [vllm] extra's, absent from the default install
 
     cfg = transformers.LlamaConfig(
         vocab_size=spec.vocab_size,
