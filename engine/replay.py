@@ -24,7 +24,7 @@ import dataclasses
 import gc
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -301,10 +301,16 @@ def main(conf: ReplayConfig) -> Path:
         f"replaying {workload_label(conf)} seed {conf.seed} at load {conf.load_scale:g} -> {directory}",
         flush=True,
     )
+    return replay_and_write(conf, replay, directory, "python -m engine.replay")
+
+
+def replay_and_write(conf: ReplayConfig, serve: Callable[..., Replay], directory: Path, tool: str) -> Path:
+    """Run ``serve(conf, log=print)`` and write its rows and the config to ``directory``; a bad name
+    or an empty window (a ValueError before anything ran) exits with one line naming ``tool``."""
     try:
-        out = replay(conf, log=lambda line: print(line, flush=True))
-    except ValueError as exc:  # an unknown name or an empty window: nothing was run
-        raise SystemExit(f"python -m engine.replay: error: {exc}") from exc
+        out = serve(conf, log=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        raise SystemExit(f"{tool}: error: {exc}") from exc
     write(out, directory)
     atomic_write_text(directory / "config.json", json.dumps(dataclasses.asdict(conf), indent=1) + "\n")
     print(f"wrote {len(out.rows)} rows to {directory / 'results.csv'}")

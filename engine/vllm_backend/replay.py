@@ -20,8 +20,6 @@ ran, ``decode_context``, ``schedule_s`` (time inside ``schedule()``, the policy'
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,9 +31,17 @@ import pandas as pd
 
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli, load_options
-from chunkgym.io import atomic_write_text
 from chunkgym.provenance import config_hash
-from engine.replay import Replay, ReplayConfig, check, iteration_frame, row, run_sim, run_spec, write
+from engine.replay import (
+    Replay,
+    ReplayConfig,
+    check,
+    iteration_frame,
+    replay_and_write,
+    row,
+    run_sim,
+    run_spec,
+)
 from engine.serve import WallClock, prompt_tokens
 from engine.vllm_backend import llm
 from engine.vllm_backend.compare import plan_agreement
@@ -297,14 +303,7 @@ def main(conf: VllmReplayConfig) -> Path:
     print(
         f"replaying {conf.workload} seed {conf.seed} at load {conf.load_scale:g} on vLLM {llm.VERSION} -> {directory}"
     )
-    try:
-        out = replay(conf, log=lambda line: print(line, flush=True))
-    except ValueError as exc:
-        raise SystemExit(f"python -m engine.vllm_backend.replay: error: {exc}") from exc
-    write(out, directory)
-    atomic_write_text(directory / "config.json", json.dumps(dataclasses.asdict(conf), indent=1) + "\n")
-    print(f"wrote {len(out.rows)} rows to {directory / 'results.csv'}")
-    return directory
+    return replay_and_write(conf, replay, directory, "python -m engine.vllm_backend.replay")
 
 
 if __name__ == "__main__":
