@@ -115,7 +115,7 @@ def test_env_version_is_the_env_a_learned_policy_was_trained_in() -> None:
 
     rows = {
         p: run_row(RunSpec(p, "synthetic_azure_conv", 1.0, 0, SETUP, window_s=10.0)).row
-        for p in ("sarathi_512", "learned")
+        for p in ("sarathi_512", "learned_cpu")
     }
     assert rows["sarathi_512"]["env_version"] == envs.ENV_ID
-    assert rows["learned"]["env_version"] == envs.ENV_ID_V1
+    assert rows["learned_cpu"]["env_version"] == envs.ENV_ID_V1  # trained in v1, run in v1
