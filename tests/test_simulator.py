@@ -164,6 +164,20 @@ def test_prompts_pinning_cached_prefixes_cannot_deadlock_the_queue():
     sim.core.kv.check()
 
 
+def test_partial_prefills_whose_kv_is_all_cached_prefix_cannot_deadlock_the_core():
+    """Four prompts whose prefixes are all cached start together and fill the cache, each one token
+    short (204 blocks needed, 200 held). Preempting one frees nothing (it re-pins its cached prefix
+    when queued again), so the core must release that prefix too instead of preempting everyone."""
+    prompts = [1, 1, 129, 385, 385, 2305]
+    hashes = [[(i + 1) * 10000 + u for u in range(p // 32)] for i, p in enumerate(prompts)]
+    hashes[2] = [30000 + u for u in range(4)]
+    trace = make_trace(np.zeros(6), prompts, [1] * 6, hashes, 32)
+    sim = make_sim(trace, num_blocks=200)
+    res = sim.run(Sarathi(128, "SLACK_DOOMED_LAST"))
+    assert res.metrics["finished"] == 6 and res.metrics["rejected"] == 0
+    sim.core.kv.check()
+
+
 class _Bad(Policy):
     def __init__(self, make):
         self.make = make

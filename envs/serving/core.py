@@ -401,17 +401,18 @@ class ServingCore:
         """With no decodes to finish and free memory, partial prefills could wait on each other forever.
 
         Release memory until some prompt can move: first prefix blocks pinned by idle
-        queued prompts (newest first), then preempt running prefills (latest started first).
+        queued prompts (newest first), then preempt a running prefill (latest started first)
+        and look again: a preempted prompt re-pins its cached prefix when it is queued again,
+        so when its KV was all cached prefix, preempting it frees nothing until that is released.
         """
-        for req in reversed(self.queue):
-            if not req.running and req.prefix_units:
-                self.kv.release_units(req.prefix_units)
-                req.prefix_units = []
-                req.computed = 0
-                if self._can_progress():
-                    return
         while not self._can_progress():
-            self._preempt_one()
+            idle = next((r for r in reversed(self.queue) if not r.running and r.prefix_units), None)
+            if idle is None:
+                self._preempt_one()
+                continue
+            self.kv.release_units(idle.prefix_units)
+            idle.prefix_units = []
+            idle.computed = 0
 
     def decode_block_need(self) -> int:
         dec = self.decode  # DecodeGroup.block_need at its clock, inlined: read several times a step
