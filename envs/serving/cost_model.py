@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from envs.serving.engine_overhead import (
     DEFAULT_ENGINE_OVERHEAD,
     EngineOverhead,
     OverheadTerms,
+    check_non_negative,
     decode_token_seconds,
     load_engine_overhead,
     per_token_seconds,
@@ -153,7 +153,9 @@ class CostParams:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             if f.name != "lin_steps":
-                _check_number(f.name, getattr(self, f.name), integer=f.type == "int")
+                check_non_negative(
+                    f"cost parameter {f.name!r}", getattr(self, f.name), integer=f.type == "int"
+                )
         if self.num_layers < 1:
             raise ValueError(f"cost parameter 'num_layers' must be >= 1, got {self.num_layers}")
         steps = tuple(tuple(step) for step in self.lin_steps)
@@ -162,8 +164,8 @@ class CostParams:
                 raise ValueError(
                     f"cost parameter 'lin_steps'[{i}] must be a (tokens, seconds) pair, got {step!r}"
                 )
-            _check_number(f"lin_steps[{i}] tokens", step[0], integer=True)
-            _check_number(f"lin_steps[{i}] seconds", step[1], integer=False)
+            check_non_negative(f"cost parameter 'lin_steps[{i}] tokens'", step[0], integer=True)
+            check_non_negative(f"cost parameter 'lin_steps[{i}] seconds'", step[1])
         thresholds = [t for t, _ in steps]
         if any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
             raise ValueError(
@@ -240,15 +242,6 @@ def with_engine_overhead(
         attn_decode_s_per_token=terms.attention_decode_factor * decode_token_seconds(model, hardware, tp),
         attn_decode_fixed_s=terms.attention_decode_seq_s,
     )
-
-
-def _check_number(name: str, value: Any, integer: bool) -> None:
-    kinds = int if integer else int | float
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-        kind = "an integer" if integer else "a finite number"
-        raise ValueError(f"cost parameter {name!r} must be {kind}, got {value!r}")
-    if value < 0:
-        raise ValueError(f"cost parameter {name!r} must be >= 0, got {value!r}")
 
 
 class RooflineCostModel(CostModel):

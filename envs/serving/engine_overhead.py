@@ -63,10 +63,7 @@ class OverheadTerms:
             value = getattr(self, f.name)
             if value is None and f.name.startswith("attention_"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ValueError(f"{f.name!r} must be a finite number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"{f.name!r} must be >= 0, got {value!r}")
+            check_non_negative(repr(f.name), value)
         for kind in ("prefill", "decode"):
             factor = getattr(self, f"attention_{kind}_factor")
             if factor is not None and factor < 1:
@@ -112,15 +109,26 @@ class EngineOverhead:
         return self.combine == "sum"
 
 
-def engine_overhead_names() -> list[str]:
-    return sorted(p.stem for p in ENGINE_OVERHEAD_DIR.glob("*.yaml"))
+def check_non_negative(label: str, value: Any, integer: bool = False) -> None:
+    """ValueError naming ``label`` unless ``value`` is a finite number >= 0 (an int if ``integer``;
+    a bool is not a number): the check of every cost and overhead coefficient."""
+    kinds = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        kind = "an integer" if integer else "a finite number"
+        raise ValueError(f"{label} must be {kind}, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{label} must be >= 0, got {value!r}")
+
+
+def engine_overhead_names(directory: Path = ENGINE_OVERHEAD_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))
 
 
 def load_engine_overhead(name: str, directory: Path = ENGINE_OVERHEAD_DIR) -> EngineOverhead:
     """The profile ``<directory>/<name>.yaml``, checked: one-line errors name the file, field and value."""
     path = directory / f"{name}.yaml"
     if not path.is_file():
-        valid = sorted(p.stem for p in directory.glob("*.yaml"))
+        valid = engine_overhead_names(directory)
         raise ValueError(
             f"unknown engine overhead profile {name!r}: {path} is absent; valid: {', '.join(valid) or 'none'}"
         )
