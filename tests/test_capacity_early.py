@@ -37,8 +37,6 @@ def probes(draw):
     blocks = draw(st.sampled_from([0, 60, 150, 400]))  # small caches force preemption and rejections
     policy = draw(st.sampled_from(["sarathi_256", "sarathi_2048", "fcfs"]))
     # prefix-cache hits: each request's units come from one of two shared prefixes or its own
-    # (chunked policies only: whole-prompt FCFS can deadlock on a tiny cache whose free blocks
-    # are pinned prefixes of queued prompts, in the core, outside what this test is about)
     owners = draw(st.lists(st.sampled_from([0, 1, None]), min_size=n, max_size=n))
     hashes = [
         [(i + 2 if o is None else o) * 10_000 + u for u in range(p // UNIT)]
@@ -50,7 +48,7 @@ def probes(draw):
         outputs,
         blocks,
         policy,
-        policy != "fcfs" and draw(st.booleans()) and hashes,
+        draw(st.booleans()) and hashes,
     )
 
 

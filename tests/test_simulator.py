@@ -178,6 +178,23 @@ def test_partial_prefills_whose_kv_is_all_cached_prefix_cannot_deadlock_the_core
     sim.core.kv.check()
 
 
+def test_whole_prompt_fcfs_evicts_a_waiting_prompts_pinned_prefix_instead_of_stalling():
+    """A 900-token prompt leaves its prefix cached; at t=0.3 an unrelated 801-token prompt (51 of the
+    60 blocks) queues ahead of a 400-token one that pins 24 cached blocks. FCFS waits for the head's
+    whole prompt and nothing runs: the core evicts the pinned prefix (vLLM's free-block eviction)."""
+    prompts = [900, 801, 400]
+    hashes = [
+        [owner * 10000 + u for u in range(p // 32)] for owner, p in zip([1, 0, 1], prompts, strict=True)
+    ]
+    trace = make_trace(np.array([0.0, 0.3, 0.3]), prompts, [2, 2, 1], hashes, 32)
+    sim = make_sim(trace, num_blocks=60)
+    res = sim.run(PrefillFirst(whole_prompts=True))
+    assert res.metrics["finished"] == 3 and res.metrics["rejected"] == 0
+    first = [res.token_times[rid][0] for rid in range(3)]
+    assert first[0] < first[1] < first[2]  # arrival order: the head ran first, the evicted one after
+    sim.core.kv.check()
+
+
 class _Bad(Policy):
     def __init__(self, make):
         self.make = make

@@ -406,13 +406,25 @@ class ServingCore:
         so when its KV was all cached prefix, preempting it frees nothing until that is released.
         """
         while not self._can_progress():
-            idle = next((r for r in reversed(self.queue) if not r.running and r.prefix_units), None)
-            if idle is None:
+            if not self.release_idle_prefix():
                 self._preempt_one()
-                continue
-            self.kv.release_units(idle.prefix_units)
-            idle.prefix_units = []
-            idle.computed = 0
+
+    def release_idle_prefix(self) -> bool:
+        """Release the cached prefix pinned by the newest queued prompt that has not started
+        (it loses its prefix hit); False if no such prompt pins one.
+
+        Waiting prompts pin their prefix hit from the moment they are queued; vLLM instead
+        evicts cached blocks no running request holds when it needs room.  A server with
+        nothing running that still cannot plan (a whole-prompt policy whose head prompt does
+        not fit beside those pins) calls this until it can, as vLLM's eviction would let it.
+        """
+        idle = next((r for r in reversed(self.queue) if not r.running and r.prefix_units), None)
+        if idle is None:
+            return False
+        self.kv.release_units(idle.prefix_units)
+        idle.prefix_units = []
+        idle.computed = 0
+        return True
 
     def decode_block_need(self) -> int:
         dec = self.decode  # DecodeGroup.block_need at its clock, inlined: read several times a step

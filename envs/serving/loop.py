@@ -201,7 +201,10 @@ class ServingLoop:
                 return True
             if skip is not None and skip(core, log):
                 continue
-            step(plan(view))
+            todo = plan(view)
+            while not todo.chunks and not (todo.decode and core.decode.n) and core.release_idle_prefix():
+                todo = plan(view)  # nothing runs and nothing could be planned: evict, ask again
+            step(todo)
         return True
 
     def run(
