@@ -16,8 +16,22 @@ bench/sim_to_real.py (engine/sim_to_real.py) on the GPU: profiles the engine ove
 grid, replays the slice per policy in real time and in the simulator, and prints its JSON object
 last (about 5 more minutes on one H200).  ``replay`` picks the ``conf/engine`` file (default
 ``gpu_replay``), ``replay.KEY=VALUE`` overrides one of its keys, and ``policies`` replaces the
-file's own list.  Plain PyTorch only: nothing to install on the GPU machine.  Tests run the
-``smoke`` profile on the CPU; CI never needs a GPU.
+file's own list.  Tests run the ``smoke`` profile on the CPU; CI never needs a GPU.
+
+On a machine that holds PyTorch and its scientific stack (numpy, pandas, scipy, pyyaml, tqdm) but
+not this project's other needs, such as a lent GPU machine, the script needs five pure-Python
+packages more: hydra-core, omegaconf, antlr4-python3-runtime, gymnasium and farama-notifications
+(under 1 MB; tests/test_gpu_profile.py runs the smoke profile with everything else hidden).
+Carry them as wheels of the versions this checkout's environment holds, built here::
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+        -d .whl hydra-core==1.3.8 omegaconf==2.3.1 gymnasium==1.4.0 farama-notifications==0.0.6
+    pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3      # an sdist only on PyPI
+
+and there, from the checkout's root::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=.:/tmp/site python3 bench/engine_gpu.py replay.hardware=h200 out=$OUT/profile
 """
 
 import dataclasses
@@ -39,7 +53,7 @@ from engine.replay import ReplayConfig
 from engine.sim_to_real import DEFAULT_POLICIES
 from engine.sim_to_real import main as sim_to_real
 from envs.serving.cost_model import load_cost_model, read_cost_file
-from envs.serving.specs import load_hardware, load_model
+from envs.serving.specs import load_hardware
 
 
 @dataclass
@@ -78,11 +92,9 @@ def device_profile(opts: Options, conf: ReplayConfig) -> dict[str, Any]:
     data = read_cost_file(path)
     report: dict[str, Any] = {"cost_file": str(path), "device_profile_s": time.perf_counter() - start}
     report.update({k: v for k, v in data["fit"].items() if isinstance(v, float)})
-    if not opts.smoke:
-        model, hardware = load_model(opts.profile_model), load_hardware(conf.hardware)
-        cost = load_cost_model(model, hardware, 1, path=path)
-        report["decode_1x1024_ms"] = cost.iteration_time(1, 1024, (), ()) * 1e3
-        report["prefill_512_ms"] = cost.iteration_time(0, 0, (512,), (0,)) * 1e3
+    cost = load_cost_model(from_torch.profiled_model(torch_opts), load_hardware(conf.hardware), 1, path=path)
+    report["decode_1x1024_ms"] = cost.iteration_time(1, 1024, (), ()) * 1e3
+    report["prefill_512_ms"] = cost.iteration_time(0, 0, (512,), (0,)) * 1e3
     return report
 
 

@@ -13,6 +13,7 @@ timing table is written beside the file (``<stem>.mlp.csv``, Vidur's format).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 from collections.abc import Sequence
@@ -53,6 +54,11 @@ class Options:
     smoke: bool = False  # a tiny model on a few points: checks the pipeline on a CPU in seconds
 
 
+def profiled_model(opts: Options) -> ModelSpec:
+    """The model whose layer is timed: ``opts.model``, or the tiny smoke shape."""
+    return torch_ops.SMOKE_MODEL if opts.smoke else load_model(opts.model)
+
+
 def measure(opts: Options) -> tuple[CostFile, Path | None]:
     """Profile and fit; returns the cost file's content (not yet written) and the timing table written."""
     if opts.dtype not in torch_ops.DTYPES:
@@ -62,26 +68,24 @@ def measure(opts: Options) -> tuple[CostFile, Path | None]:
         raise SystemExit("calibration.from_torch: no CUDA device here (device=cpu, or smoke=true, to try it)")
     dtype = getattr(torch, opts.dtype)
     hardware = load_hardware(opts.hardware)
-    model: ModelSpec
+    model = profiled_model(opts)
     tokens: Sequence[int]
     chunks: Sequence[int]
     decode: Sequence[tuple[int, int]]
     if opts.smoke:
-        model, tokens, chunks, decode = (
-            torch_ops.SMOKE_MODEL,
-            torch_ops.SMOKE_TOKENS,
-            SMOKE_CHUNKS,
-            SMOKE_DECODE,
-        )
+        tokens, chunks, decode = torch_ops.SMOKE_TOKENS, SMOKE_CHUNKS, SMOKE_DECODE
         warmup, repeats = 1, 3
     else:
-        model, tokens = load_model(opts.model), torch_ops.default_tokens(opts.max_tokens)
+        tokens = torch_ops.default_tokens(opts.max_tokens)
         chunks, decode = torch_attention.PREFILL_CHUNKS, torch_attention.DECODE_GRID
         warmup, repeats = opts.warmup, opts.repeats
-    table = torch_ops.profile(model, [1], tokens, device, dtype, warmup, repeats)
+    # CUDA events record on the current device's stream: make the profiled one current (cuda:1, say)
+    current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with current:
+        table = torch_ops.profile(model, [1], tokens, device, dtype, warmup, repeats)
+        attention = torch_attention.profile(model, 1, device, dtype, chunks, decode, warmup, repeats)
     where = _device_name(device)
     layer_fit = table_fits.fit_layer(vidur.op_times(table, 1, f"torch ops on {where}"))
-    attention = torch_attention.profile(model, 1, device, dtype, chunks, decode, warmup, repeats)
     layer = layer_fit.layer.split(layer_weight_seconds(model, hardware, 1))
     kernels = Kernels(layer, None, layer_fit.source, "none (tp 1)")
     params = dataclasses.replace(
