@@ -50,6 +50,26 @@ class ServingConfig:
     num_blocks: int = 0  # KV blocks; 0 = from memory (see specs.kv_capacity_tokens)
 
 
+@dataclass(frozen=True)
+class Shortcuts:
+    """Bookkeeping the core may skip or defer, each with bit-identical results.
+
+    On by default; the reference path (a capacity search with ``early_stop=False``, and the
+    tests that compare both) switches them off, so its run measures and checks them.
+    """
+
+    # A finishing request's SLO verdict from its first and last token times, its token count and
+    # its largest resume gap (the gaps the decode steps do not check), not from its token-time
+    # array; the arrays are built when ``token_times`` is read.
+    verdicts: bool = True
+    # A fast-forwarded stretch's latencies are folded into ``latency_ewma`` when it is read (a
+    # capacity probe never reads it), and its TPOT slack is summed with numpy (in sequence).
+    stretches: bool = True
+
+
+NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False)
+
+
 @dataclass
 class Batch:
     """What one iteration computes, as the executor needs it."""
@@ -141,13 +161,22 @@ class DecodeGroup:
         self.last_time = t_end
         self.clock += 1
 
-    def record_stretch(self, ends: list[float]) -> None:
+    def record_stretch(self, ends: list[float], gaps: np.ndarray | None = None) -> None:
         """Decode iterations ended at ``ends``, no member joining: :meth:`record` once per end, in
-        one call (the slack sums in the same order, so bit for bit the same state)."""
+        one call (the slack sums in the same order, so bit for bit the same state).  ``gaps``, if
+        given: ``ends`` minus each one's previous end (the first's: ``last_time``), as numpy
+        computed them, so the slack is one sequential ``np.cumsum``."""
         tpot, slack, last = self.tpot_s, self.slack_base, self.last_time
-        for t_end in ends:
-            slack += tpot - (t_end - last)
-            last = t_end
+        if gaps is None:
+            for t_end in ends:
+                slack += tpot - (t_end - last)
+                last = t_end
+        else:
+            terms = np.empty(len(gaps) + 1)
+            terms[0] = slack
+            np.subtract(tpot, gaps, out=terms[1:])
+            slack = float(np.cumsum(terms)[-1])
+            last = ends[-1]
         self.slack_base = slack
         self.end.extend(ends)
         self.last_time = last
@@ -211,7 +240,8 @@ class ServingCore:
         self.next_arrival = 0  # index into requests of the next arrival not yet admitted
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
-        self.token_times: dict[int, np.ndarray] = {}
+        self.shortcuts = Shortcuts()  # set before the run starts
+        self._token_times: dict[int, np.ndarray] = {}  # of finished[:len(it)], in finish order
         self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
         self.n_bad = 0  # requests known to miss it (as soon as it is known)
         self.n_credited = 0  # requests whose first token met TTFT while still in the running
@@ -222,7 +252,8 @@ class ServingCore:
         self._start_seq = 0
         self._deadlines: list[tuple[float, int, Request]] = []
         self.last_latency = 0.0
-        self.latency_ewma = 0.0
+        self._latency_ewma = 0.0
+        self._unfolded: list[tuple[float, list[float]]] = []  # stretches (start, ends) not in the EWMA yet
         self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
@@ -258,10 +289,27 @@ class ServingCore:
         ]
         return cls(requests, kv, cost_model, slo, config, config.max_model_len or model.max_context)
 
+    @property
+    def token_times(self) -> dict[int, np.ndarray]:
+        """Every finished request's token times, by request id, in finish order."""
+        times, finished = self._token_times, self.finished
+        if len(times) < len(finished):
+            end = self.decode.end
+            for req in finished[len(times) :]:
+                times[req.rid] = req.token_times(end)
+        return times
+
     # ---- the read-only view (ServingView) ------------------------------------------------
     @property
     def lookahead(self) -> Sequence[Request]:
-        return self.queue[: self.config.lookahead]
+        queue, n = self.queue, self.config.lookahead
+        return queue if len(queue) <= n else queue[:n]  # read-only: no copy needed
+
+    @property
+    def latency_ewma(self) -> float:
+        if self._unfolded:
+            self._fold_latencies()
+        return self._latency_ewma
 
     @property
     def num_decode(self) -> int:
@@ -470,9 +518,14 @@ class ServingCore:
         self.observe_time(t_end)
         if batch.num_decode:
             self._decode_step(t_end)
+        u = self.kv.unit_tokens
         for req, n, _ in batch.chunks:
             req.computed += n
-            if req.hash_ids is not None and self.kv.unit_tokens:
+            if (
+                req.hash_ids is not None
+                and u
+                and min(req.computed, req.prompt_len) // u > len(req.prefix_units)
+            ):
                 self._publish_units(req)
             if req.computed == req.target:
                 self._prefill_done(req, t_end)
@@ -482,18 +535,30 @@ class ServingCore:
     def observe_time(self, t_end: float) -> None:
         """Advance the clock to the end of an iteration, tracking recent latencies."""
         self.last_latency = latency = t_end - self.now
-        self.latency_ewma += LATENCY_EWMA_ALPHA * (latency - self.latency_ewma)
+        if self._unfolded:
+            self._fold_latencies()
+        self._latency_ewma += LATENCY_EWMA_ALPHA * (latency - self._latency_ewma)
         self.now = t_end
 
     def observe_stretch(self, ends: list[float]) -> None:
-        """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call."""
-        ewma, now = self.latency_ewma, self.now
-        latency = 0.0
-        for t_end in ends:
-            latency = t_end - now
-            ewma += LATENCY_EWMA_ALPHA * (latency - ewma)
-            now = t_end
-        self.last_latency, self.latency_ewma, self.now = latency, ewma, now
+        """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call (with
+        ``shortcuts.stretches``, their EWMA terms wait until the EWMA is read)."""
+        now = self.now
+        self.last_latency = ends[-1] - (ends[-2] if len(ends) > 1 else now)
+        self.now = ends[-1]
+        self._unfolded.append((now, ends))
+        if not self.shortcuts.stretches:
+            self._fold_latencies()
+
+    def _fold_latencies(self) -> None:
+        """Apply the waiting stretches to the latency EWMA, in order, as :meth:`observe_time` would."""
+        ewma = self._latency_ewma
+        for now, ends in self._unfolded:
+            for t_end in ends:
+                ewma += LATENCY_EWMA_ALPHA * ((t_end - now) - ewma)
+                now = t_end
+        self._latency_ewma = ewma
+        self._unfolded = []
 
     def _decode_step(self, t_end: float) -> None:
         """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""
@@ -528,6 +593,10 @@ class ServingCore:
         self.queue.remove(req)
         self.n_running_prefill -= 1
         req.running = False
+        if req.generated:  # resumed after a preemption: the one gap no decode step checks
+            gap = t - req.last_token_time(self.decode.end)
+            if gap > req.resume_gap:
+                req.resume_gap = gap
         req.emissions.append(t)
         req.generated += 1
         if req.generated == 1 and not req.violated:
@@ -544,14 +613,35 @@ class ServingCore:
     def finish(self, req: Request, kv_tokens: int) -> None:
         req.status = Status.FINISHED
         self._release(req, kv_tokens)
-        times = req.token_times(self.decode.end)
-        self.token_times[req.rid] = times
         self.finished.append(req)
+        if self.shortcuts.verdicts:
+            if not req.violated:
+                if self._meets_slo_so_far(req):
+                    self.n_good += 1
+                else:
+                    self._violate(req)
+            return
+        times = req.token_times(self.decode.end)
+        self._token_times[req.rid] = times
         if not req.violated:
             if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req.ttft_bound, self.slo):
                 self.n_good += 1
             else:
                 self._violate(req)
+
+    def _meets_slo_so_far(self, req: Request) -> bool:
+        """:func:`meets_slo` on a finished request not yet known to miss it, without its token times.
+
+        Its TTFT was checked at its first token; every token gap is at most the stall bound:
+        each decode step checked its members' gaps (fast-forward stops before a longer one), and
+        the gaps before resumed prefill tokens are in ``resume_gap``.  TPOT is the same division
+        as :func:`tpot_of`'s, on the same two times, so the verdict is identical.
+        """
+        n = req.generated
+        first = cast(float, req.emissions[0])
+        tpot = (req.last_token_time(self.decode.end) - first) / (n - 1) if n > 1 else 0.0
+        slo = self.slo
+        return first - req.arrival <= req.ttft_bound and tpot <= slo.tpot_s and req.resume_gap <= slo.stall_s
 
     def _release(self, req: Request, kv_tokens: int) -> None:
         kv = self.kv

@@ -46,6 +46,8 @@ ITERATION_COLUMNS = {
 class IterationLog:
     """Per-iteration records, one Python list per column (cheap appends), numpy on demand."""
 
+    records = True  # False: appends are dropped, so callers may skip building the rows
+
     def __init__(self) -> None:
         self.cols: dict[str, list[float]] = {name: [] for name in ITERATION_COLUMNS}
         # The columns once more, in row order; plain lists, not bound appends, so that a deep copy
@@ -86,6 +88,8 @@ class IterationLog:
 class UnrecordedLog(IterationLog):
     """An iteration log that keeps nothing: for runs judged only on the core's SLO counters (a
     capacity probe decided early, the oracle's rollouts), which never read their log."""
+
+    records = False
 
     def append(
         self,
@@ -171,8 +175,10 @@ class ServingLoop:
         used = core.kv.used
         end, latency = self.executor.execute(batch, start)
         core.end(batch, end)
-        chunks = batch.chunks
-        self.log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
+        log = self.log
+        if log.records:
+            chunks = batch.chunks
+            log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
         return latency
 
     def run_until(

@@ -24,7 +24,8 @@ from envs.serving.workloads.trace import Trace
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call
 STRETCH_MIN = 16  # stretches that may run this many iterations are computed with numpy
 
-Stretch = tuple[list[float], list[float], list[int]]  # end times, latencies, KV blocks used after
+# End times, latencies, KV blocks used after each, and (numpy path) each end minus the one before.
+Stretch = tuple[list[float], list[float], list[int], np.ndarray | None]
 
 
 class CostModelClock:
@@ -70,21 +71,22 @@ class CostModelClock:
             stretch = self._stretch_numpy(core, limit, t_arr)
         else:
             stretch = self._stretch_python(core, limit, t_arr)
-        ends, latencies, kv_used = stretch
+        ends, latencies, kv_used, gaps = stretch
         k = len(ends)
         if not k:
             return False
-        log.extend(
-            start=[now, *ends[:-1]],
-            latency=latencies,
-            decode_tokens=[n] * k,
-            prefill_tokens=[0] * k,
-            prefill_seqs=[0] * k,
-            kv_used=kv_used,
-        )
+        if log.records:
+            log.extend(
+                start=[now, *ends[:-1]],
+                latency=latencies,
+                decode_tokens=[n] * k,
+                prefill_tokens=[0] * k,
+                prefill_seqs=[0] * k,
+                kv_used=kv_used,
+            )
         core.kv.allocate(kv_used[-1] - core.kv.used)
         core.observe_stretch(ends)
-        dec.record_stretch(ends)
+        dec.record_stretch(ends, gaps if core.shortcuts.stretches else None)
         for req in dec.pop_finished():
             core.finish(req, dec.leave(req))
         return True
@@ -114,7 +116,7 @@ class CostModelClock:
             latencies.append(lat)
             kv_used.append(used + allocated)
             now = last = end
-        return ends, latencies, kv_used
+        return ends, latencies, kv_used, None
 
     def _stretch_numpy(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
         """:meth:`_stretch_python` in a few numpy calls: cumulative sums are sequential, as the loop's."""
@@ -129,9 +131,10 @@ class CostModelClock:
         previous = times[:-1].copy()
         previous[0] = dec.last_time
         allocated = np.cumsum(dec.block_needs(clock, limit))
-        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (ends - previous <= core.slo.stall_s)
+        gaps = ends - previous
+        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (gaps <= core.slo.stall_s)
         k = limit if ok.all() else int(np.argmin(ok))
-        return ends[:k].tolist(), latency[:k].tolist(), (core.kv.used + allocated[:k]).tolist()
+        return ends[:k].tolist(), latency[:k].tolist(), (core.kv.used + allocated[:k]).tolist(), gaps[:k]
 
 
 class Simulator(ServingLoop):
@@ -173,7 +176,7 @@ class Simulator(ServingLoop):
         if not keep_log:
             shared.append(self.log)
         memo: dict[int, object] = {id(x): x for x in shared}
-        for history in (core.finished, core.rejected, core.token_times, core.decode.end):
+        for history in (core.finished, core.rejected, core._token_times, core.decode.end):
             memo[id(history)] = history.copy()
         twin = copy.deepcopy(self, memo)
         if not keep_log:
