@@ -4,11 +4,12 @@ runs with them on and off agree bit for bit, iteration by iteration, over genera
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import Sarathi
-from envs.serving.core import NO_SHORTCUTS
+from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
 from envs.serving.metrics import tpot_of
 from envs.serving.simulator import Simulator
 from tests.simtools import make_setup, make_trace
@@ -30,11 +31,10 @@ def runs(draw):
     return trace, blocks, budget, rule
 
 
-def _run(trace, blocks: int, budget: int, rule: str, shortcuts: bool) -> tuple[Simulator, list[tuple]]:
+def _run(trace, blocks: int, budget: int, rule: str, shortcuts: Shortcuts) -> tuple[Simulator, list[tuple]]:
     sim = make_setup(num_blocks=blocks).simulator(trace)
     core = sim.core
-    if not shortcuts:
-        core.shortcuts = NO_SHORTCUTS
+    core.shortcuts = shortcuts
     seen: list[tuple] = []
 
     def record() -> bool:  # after every iteration or stretch: what the policy and the rewards see
@@ -53,10 +53,11 @@ def _same(a: dict[str, float], b: dict[str, float]) -> bool:
     )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs())
-def test_runs_with_and_without_shortcuts_agree_at_every_iteration(case):
-    (on, seen_on), (off, seen_off) = (_run(*case, shortcuts=s) for s in (True, False))
+@pytest.mark.parametrize("shortcuts", [Shortcuts(), PROBE_SHORTCUTS], ids=["default", "probe"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=runs())
+def test_runs_with_and_without_shortcuts_agree_at_every_iteration(shortcuts, case):
+    (on, seen_on), (off, seen_off) = (_run(*case, shortcuts=s) for s in (shortcuts, NO_SHORTCUTS))
     assert seen_on == seen_off
     c_on, c_off = on.core, off.core
     assert [(r.status, r.violated, r.credited, r.generated) for r in c_on.requests] == [
@@ -80,7 +81,7 @@ def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_me
         [556, 177, 439, 109, 204, 582],
         [197, 230, 152, 90, 198, 268],
     )
-    for shortcuts in (True, False):
+    for shortcuts in (Shortcuts(), NO_SHORTCUTS):
         sim, _ = _run(trace, 50, 512, "FCFS", shortcuts)
         core, req = sim.core, sim.core.requests[1]
         times = core.token_times[req.rid]

@@ -14,7 +14,8 @@ parallel=1`` is the reference path):
   no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
   to the end and are judged on the summary.
 * core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
-  bookkeeping, on with ``early_stop`` (the reference path's probes run with them off).
+  bookkeeping, and with ``early_stop`` a latency EWMA folded only if read (the reference
+  path's probes run with none of them).
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
@@ -31,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 
 from chunkgym import backends
-from envs.serving.core import NO_SHORTCUTS
+from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.early import Attain90Stop
 from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
@@ -101,6 +102,7 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
     core = sim.core
     sim.log = UnrecordedLog()
+    core.shortcuts = PROBE_SHORTCUTS
     policy.reset(sim.view)
     early = sim.run_until(policy, stop=lambda: proof(core))
     assert proof(core), "a finished run has every request known good or bad"

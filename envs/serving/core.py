@@ -62,12 +62,15 @@ class Shortcuts:
     # its largest resume gap (the gaps the decode steps do not check), not from its token-time
     # array; the arrays are built when ``token_times`` is read.
     verdicts: bool = True
-    # A fast-forwarded stretch's latencies are folded into ``latency_ewma`` when it is read (a
-    # capacity probe never reads it), and its TPOT slack is summed with numpy (in sequence).
+    # A fast-forwarded stretch's TPOT slack is summed with numpy (in sequence).
     stretches: bool = True
+    # Iteration latencies wait in a list and are folded into ``latency_ewma`` when it is read: for
+    # runs whose policy never reads it (capacity probes of the baselines); the list grows until then.
+    deferred_ewma: bool = False
 
 
 NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False)
+PROBE_SHORTCUTS = Shortcuts(deferred_ewma=True)
 
 
 @dataclass
@@ -253,7 +256,8 @@ class ServingCore:
         self._deadlines: list[tuple[float, int, Request]] = []
         self.last_latency = 0.0
         self._latency_ewma = 0.0
-        self._unfolded: list[tuple[float, list[float]]] = []  # stretches (start, ends) not in the EWMA yet
+        # Latencies not in the EWMA yet (deferred_ewma): one iteration's, or a stretch's (start, ends).
+        self._unfolded: list[float | tuple[float, list[float]]] = []
         self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
@@ -434,7 +438,9 @@ class ServingCore:
 
     def prepare(self) -> None:
         """Admit arrivals up to now and make room for the decodes' next step."""
-        self.admit_arrivals()
+        i, reqs = self.next_arrival, self.requests
+        if i < len(reqs) and reqs[i].arrival <= self.now:
+            self.admit_arrivals()
         while self.decode_block_need() > self.kv.free:
             self._preempt_one()
         if not self.decode.n and self.queue and not self._can_progress():
@@ -443,7 +449,10 @@ class ServingCore:
     def _can_progress(self) -> bool:
         """Whether the planner could give some queued prompt a token with the free KV blocks."""
         free, slots, bs = self.kv.free, self.free_slots, self.kv.block_size
-        return any(may_prefill(bs, r, free, slots) for r in self.lookahead)
+        for r in self.lookahead:
+            if may_prefill(bs, r, free, slots):
+                return True
+        return False
 
     def _free_for_progress(self) -> None:
         """With no decodes to finish and free memory, partial prefills could wait on each other forever.
@@ -475,34 +484,37 @@ class ServingCore:
                 f"empty plan at t={self.now:.6f}s with {len(self.queue)} queued prompts and "
                 f"{dec.n} decodes: a policy must schedule some work while work is pending"
             )
-        free = self.kv.free
-        if run_decode:
-            need = dec.block_need(dec.clock)
-            self.kv.allocate(need)
-            free -= need
-        slots = self.free_slots
-        bs = self.kv.block_size
+        kv = self.kv
+        # The blocks are allocated at once after validation: evicting cached units for their sum
+        # evicts the same LRU units as evicting for each part in turn.
+        total = self.decode_block_need() if run_decode else 0
+        free = kv.free - total
         chunks = []
-        seen = set()
-        for req, n in plan.chunks:
-            if req.status is not Status.WAITING or req.rid in seen:
-                raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
-            if not 1 <= n <= req.target - req.computed:
-                raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - req.computed} left")
-            need = blocks_needed(bs, req, n)
-            if need > free:
-                raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
-            if not req.running:
-                if slots <= 0:
-                    raise ValueError(
-                        f"plan starts {req!r} but all {self.config.max_num_seqs} slots are taken"
-                    )
-                slots -= 1
-                self._start(req)
-            seen.add(req.rid)
-            self.kv.allocate(need)
-            free -= need
-            chunks.append((req, n, req.computed))
+        if plan.chunks:
+            slots = self.free_slots
+            bs = kv.block_size
+            seen = set()
+            for req, n in plan.chunks:
+                if req.status is not Status.WAITING or req.rid in seen:
+                    raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
+                computed = req.computed
+                if not 1 <= n <= req.target - computed:
+                    raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - computed} left")
+                need = blocks_needed(bs, req, n)
+                if need > free:
+                    raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
+                if not req.running:
+                    if slots <= 0:
+                        raise ValueError(
+                            f"plan starts {req!r} but all {self.config.max_num_seqs} slots are taken"
+                        )
+                    slots -= 1
+                    self._start(req)
+                seen.add(req.rid)
+                total += need
+                free -= need
+                chunks.append((req, n, computed))
+        kv.allocate(total)
         return Batch(dec.n if run_decode else 0, dec.context_sum(dec.clock) if run_decode else 0, chunks)
 
     def _start(self, req: Request) -> None:
@@ -535,25 +547,29 @@ class ServingCore:
     def observe_time(self, t_end: float) -> None:
         """Advance the clock to the end of an iteration, tracking recent latencies."""
         self.last_latency = latency = t_end - self.now
-        if self._unfolded:
-            self._fold_latencies()
-        self._latency_ewma += LATENCY_EWMA_ALPHA * (latency - self._latency_ewma)
+        if self.shortcuts.deferred_ewma:
+            self._unfolded.append(latency)
+        else:
+            self._latency_ewma += LATENCY_EWMA_ALPHA * (latency - self._latency_ewma)
         self.now = t_end
 
     def observe_stretch(self, ends: list[float]) -> None:
-        """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call (with
-        ``shortcuts.stretches``, their EWMA terms wait until the EWMA is read)."""
+        """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call."""
         now = self.now
         self.last_latency = ends[-1] - (ends[-2] if len(ends) > 1 else now)
         self.now = ends[-1]
         self._unfolded.append((now, ends))
-        if not self.shortcuts.stretches:
+        if not self.shortcuts.deferred_ewma:
             self._fold_latencies()
 
     def _fold_latencies(self) -> None:
-        """Apply the waiting stretches to the latency EWMA, in order, as :meth:`observe_time` would."""
+        """Apply the waiting latencies to the EWMA, in order, as :meth:`observe_time` would have."""
         ewma = self._latency_ewma
-        for now, ends in self._unfolded:
+        for item in self._unfolded:
+            if isinstance(item, float):
+                ewma += LATENCY_EWMA_ALPHA * (item - ewma)
+                continue
+            now, ends = item
             for t_end in ends:
                 ewma += LATENCY_EWMA_ALPHA * ((t_end - now) - ewma)
                 now = t_end

@@ -205,7 +205,7 @@ class ServingLoop:
                 return False
             if stop is not None and stop():
                 return True
-            if skip is not None and skip(core, log):
+            if skip is not None and not core.queue and skip(core, log):  # forced: no prompt waits
                 continue
             step(plan(view))
         return True

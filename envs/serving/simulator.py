@@ -40,9 +40,12 @@ class CostModelClock:
 
     def execute(self, batch: Batch, start: float) -> tuple[float, float]:
         chunks = batch.chunks
-        latency = self.cost.iteration_time(
-            batch.num_decode, batch.decode_context, [q for _, q, _ in chunks], [c for _, _, c in chunks]
-        )
+        if len(chunks) == 1:  # the common shape: no list building
+            _, q, c = chunks[0]
+            queries, computed = (q,), (c,)
+        else:
+            queries, computed = [q for _, q, _ in chunks], [c for _, _, c in chunks]
+        latency = self.cost.iteration_time(batch.num_decode, batch.decode_context, queries, computed)
         return start + latency, latency
 
     def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
