@@ -36,6 +36,7 @@ from envs.serving.workloads.trace import Trace
 RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
 LATENCY_EWMA_ALPHA = 0.1
 PREFIX_EWMA_ALPHA = 0.05
+TIMES_BATCH = 64  # token-time arrays built at once above which the decode ends are copied to numpy
 
 
 @dataclass
@@ -297,8 +298,11 @@ class ServingCore:
     def token_times(self) -> dict[int, np.ndarray]:
         """Every finished request's token times, by request id, in finish order."""
         times, finished = self._token_times, self.finished
-        if len(times) < len(finished):
+        todo = len(finished) - len(times)
+        if todo > 0:
             end = self.decode.end
+            if todo > TIMES_BATCH:  # worth one array of every decode end
+                end = np.array(end)
             for req in finished[len(times) :]:
                 times[req.rid] = req.token_times(end)
         return times

@@ -113,15 +113,20 @@ class Request:
         p = self.emissions[-1]
         return p if isinstance(p, float) else decode_end[p[1] - 1]
 
-    def token_times(self, decode_end: list[float]) -> np.ndarray:
-        """Every emitted token's time, in order, from the emission pieces."""
-        times: list[float] = []
+    def token_times(self, decode_end: list[float] | np.ndarray) -> np.ndarray:
+        """Every emitted token's time, in order, from the emission pieces (``generated`` of them);
+        ``decode_end`` as a numpy array copies its ranges several times faster than as a list."""
+        times = np.empty(self.generated)
+        i = 0
         for p in self.emissions:
             if isinstance(p, float):
-                times.append(p)
+                times[i] = p
+                i += 1
             else:
-                times.extend(decode_end[p[0] : p[1]])
-        return np.fromiter(times, np.float64, len(times))  # a third of np.array(times)'s time
+                a, b = p
+                times[i : i + b - a] = decode_end[a:b]
+                i += b - a
+        return times
 
     def __repr__(self) -> str:
         return (
