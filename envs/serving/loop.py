@@ -172,10 +172,10 @@ class ServingLoop:
         core = self.core
         start = core.now
         batch = core.begin(plan)
-        used = core.kv.used
+        log = self.log
+        used = core.kv.used if log.records else 0
         end, latency = self.executor.execute(batch, start)
         core.end(batch, end)
-        log = self.log
         if log.records:
             chunks = batch.chunks
             log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
