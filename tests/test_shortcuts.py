@@ -89,3 +89,11 @@ def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_me
         assert tpot_of(times) <= core.slo.tpot_s and times[0] - req.arrival <= req.ttft_bound
         assert req.violated
         assert int(sim.result().outcomes.good.sum()) == core.n_good
+
+
+def test_shortcuts_are_set_before_the_run_starts():
+    sim = make_setup().simulator(make_trace([0.0, 0.1], [100, 100], [5, 5]))
+    sim.core.shortcuts = NO_SHORTCUTS
+    sim.run_until(Sarathi(512, "FCFS"), until_s=0.05)
+    with pytest.raises(ValueError, match="set before a run starts"):
+        sim.core.shortcuts = Shortcuts()

@@ -55,8 +55,10 @@ class ServingConfig:
 class Shortcuts:
     """Bookkeeping the core may skip or defer, each with bit-identical results.
 
-    On by default; the reference path (a capacity search with ``early_stop=False``, and the
-    tests that compare both) switches them off, so its run measures and checks them.
+    ``verdicts`` and ``stretches`` are on by default, ``deferred_ewma`` for capacity probes
+    (:data:`PROBE_SHORTCUTS`); the reference path (a capacity search with ``early_stop=False``,
+    and the tests that compare both) runs with none (:data:`NO_SHORTCUTS`), so its runs measure
+    and check them.
     """
 
     # A finishing request's SLO verdict from its first and last token times, its token count and
@@ -244,7 +246,7 @@ class ServingCore:
         self.next_arrival = 0  # index into requests of the next arrival not yet admitted
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
-        self.shortcuts = Shortcuts()  # set before the run starts
+        self._shortcuts = Shortcuts()
         self._token_times: dict[int, np.ndarray] = {}  # of finished[:len(it)], in finish order
         self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
         self.n_bad = 0  # requests known to miss it (as soon as it is known)
@@ -293,6 +295,17 @@ class ServingCore:
             )
         ]
         return cls(requests, kv, cost_model, slo, config, config.max_model_len or model.max_context)
+
+    @property
+    def shortcuts(self) -> Shortcuts:
+        return self._shortcuts
+
+    @shortcuts.setter
+    def shortcuts(self, value: Shortcuts) -> None:
+        """Set before the run starts: the deferred bookkeeping assumes one setting per run."""
+        if self.now or self.next_arrival:
+            raise ValueError(f"shortcuts are set before a run starts; this one is at t={self.now:.6f}s")
+        self._shortcuts = value
 
     @property
     def token_times(self) -> dict[int, np.ndarray]:
@@ -551,7 +564,7 @@ class ServingCore:
     def observe_time(self, t_end: float) -> None:
         """Advance the clock to the end of an iteration, tracking recent latencies."""
         self.last_latency = latency = t_end - self.now
-        if self.shortcuts.deferred_ewma:
+        if self._shortcuts.deferred_ewma:
             self._unfolded.append(latency)
         else:
             self._latency_ewma += LATENCY_EWMA_ALPHA * (latency - self._latency_ewma)
@@ -563,7 +576,7 @@ class ServingCore:
         self.last_latency = ends[-1] - (ends[-2] if len(ends) > 1 else now)
         self.now = ends[-1]
         self._unfolded.append((now, ends))
-        if not self.shortcuts.deferred_ewma:
+        if not self._shortcuts.deferred_ewma:
             self._fold_latencies()
 
     def _fold_latencies(self) -> None:
@@ -634,7 +647,7 @@ class ServingCore:
         req.status = Status.FINISHED
         self._release(req, kv_tokens)
         self.finished.append(req)
-        if self.shortcuts.verdicts:
+        if self._shortcuts.verdicts:
             if not req.violated:
                 if self._meets_slo_so_far(req):
                     self.n_good += 1
