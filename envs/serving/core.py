@@ -312,7 +312,7 @@ class ServingCore:
         times, finished = self._token_times, self.finished
         todo = len(finished) - len(times)
         if todo > 0:
-            end = self.decode.end
+            end: list[float] | np.ndarray = self.decode.end
             if todo > TIMES_BATCH:  # worth one array of every decode end
                 end = np.array(end)
             for req in finished[len(times) :]:

@@ -62,7 +62,8 @@ class BlockManager:
     # ---- private blocks -------------------------------------------------------------
     def allocate(self, blocks: int) -> None:
         if blocks:
-            self._make_room(blocks)
+            if self.empty < blocks:
+                self._make_room(blocks)
             self.empty -= blocks
             self.free -= blocks
             self.private += blocks

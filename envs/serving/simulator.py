@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,8 +25,9 @@ from envs.serving.workloads.trace import Trace
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call
 STRETCH_MIN = 16  # stretches that may run this many iterations are computed with numpy
 
-# End times, latencies, KV blocks used after each, and (numpy path) each end minus the one before.
-Stretch = tuple[list[float], list[float], list[int], np.ndarray | None]
+# End times; latencies and KV blocks used after each (lists, or arrays from the numpy path, turned
+# into lists only for a log that records them); and (numpy path) each end minus the one before.
+Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray, np.ndarray | None]
 
 
 class CostModelClock:
@@ -40,6 +42,8 @@ class CostModelClock:
 
     def execute(self, batch: Batch, start: float) -> tuple[float, float]:
         chunks = batch.chunks
+        queries: Sequence[int]
+        computed: Sequence[int]
         if len(chunks) == 1:  # the common shape: no list building
             _, q, c = chunks[0]
             queries, computed = (q,), (c,)
@@ -81,13 +85,13 @@ class CostModelClock:
         if log.records:
             log.extend(
                 start=[now, *ends[:-1]],
-                latency=latencies,
+                latency=_as_list(latencies),
                 decode_tokens=[n] * k,
                 prefill_tokens=[0] * k,
                 prefill_seqs=[0] * k,
-                kv_used=kv_used,
+                kv_used=_as_list(kv_used),
             )
-        core.kv.allocate(kv_used[-1] - core.kv.used)
+        core.kv.allocate(int(kv_used[-1]) - core.kv.used)
         core.observe_stretch(ends)
         dec.record_stretch(ends, gaps if core.shortcuts.stretches else None)
         for req in dec.pop_finished():
@@ -137,7 +141,12 @@ class CostModelClock:
         gaps = ends - previous
         ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (gaps <= core.slo.stall_s)
         k = limit if ok.all() else int(np.argmin(ok))
-        return ends[:k].tolist(), latency[:k].tolist(), (core.kv.used + allocated[:k]).tolist(), gaps[:k]
+        return ends[:k].tolist(), latency[:k], core.kv.used + allocated[:k], gaps[:k]
+
+
+def _as_list(values: list[float] | list[int] | np.ndarray) -> list[float] | list[int]:
+    """A stretch column as the log's Python numbers."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 class Simulator(ServingLoop):
