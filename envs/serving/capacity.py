@@ -6,13 +6,16 @@ load at which P99 TBT <= the TPOT bound and the median scheduling delay <= 2 s).
 window (requests and their order) is fixed by the seed; load scaling only compresses
 its arrival times, so every probe serves the same requests.
 
-Two mechanisms make a search fast without changing its answer (``early_stop=False,
+Three mechanisms make a search fast without changing its answer (``early_stop=False,
 parallel=1`` is the reference path):
 
 * early stop: an ``attain90`` probe is decided from the core's SLO counters
   (:mod:`envs.serving.early`): it ends the moment its pass/fail is proven, and it records
   no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
   to the end and are judged on the summary.
+* core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
+  bookkeeping, and with ``early_stop`` a latency EWMA folded only if read (the reference
+  path's probes run with none of them).
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
@@ -29,6 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 
 from chunkgym import backends
+from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.early import Attain90Stop
 from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
@@ -80,6 +84,8 @@ class ProbeRun:
     def __call__(self, scale: float, trace: Trace) -> Probe:
         sim = self.setup.simulator(trace)
         core = sim.core
+        if not self.early_stop:
+            core.shortcuts = NO_SHORTCUTS
         if self.early_stop and self.criterion == "attain90":
             return _decide(sim, self.make_policy(), Attain90Stop.for_requests(len(trace)), scale)
         result = sim.run(self.make_policy())
@@ -96,6 +102,7 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
     core = sim.core
     sim.log = UnrecordedLog()
+    core.shortcuts = PROBE_SHORTCUTS
     policy.reset(sim.view)
     early = sim.run_until(policy, stop=lambda: proof(core))
     assert proof(core), "a finished run has every request known good or bad"

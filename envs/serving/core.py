@@ -36,6 +36,7 @@ from envs.serving.workloads.trace import Trace
 RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
 LATENCY_EWMA_ALPHA = 0.1
 PREFIX_EWMA_ALPHA = 0.05
+TIMES_BATCH = 64  # token-time arrays built at once above which the decode ends are copied to numpy
 
 
 @dataclass
@@ -48,6 +49,31 @@ class ServingConfig:
     activation_reserve_gib: float = 8.0  # per device, kept out of the KV cache
     lookahead: int = 64  # queued prompts the allocation rules may reorder
     num_blocks: int = 0  # KV blocks; 0 = from memory (see specs.kv_capacity_tokens)
+
+
+@dataclass(frozen=True)
+class Shortcuts:
+    """Bookkeeping the core may skip or defer, each with bit-identical results.
+
+    ``verdicts`` and ``stretches`` are on by default, ``deferred_ewma`` for capacity probes
+    (:data:`PROBE_SHORTCUTS`); the reference path (a capacity search with ``early_stop=False``,
+    and the tests that compare both) runs with none (:data:`NO_SHORTCUTS`), so its runs measure
+    and check them.
+    """
+
+    # A finishing request's SLO verdict from its first and last token times, its token count and
+    # its largest resume gap (the gaps the decode steps do not check), not from its token-time
+    # array; the arrays are built when ``token_times`` is read.
+    verdicts: bool = True
+    # A fast-forwarded stretch's TPOT slack is summed with numpy (in sequence).
+    stretches: bool = True
+    # Iteration latencies wait in a list and are folded into ``latency_ewma`` when it is read: for
+    # runs whose policy never reads it (capacity probes of the baselines); the list grows until then.
+    deferred_ewma: bool = False
+
+
+NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False)
+PROBE_SHORTCUTS = Shortcuts(deferred_ewma=True)
 
 
 @dataclass
@@ -141,13 +167,22 @@ class DecodeGroup:
         self.last_time = t_end
         self.clock += 1
 
-    def record_stretch(self, ends: list[float]) -> None:
+    def record_stretch(self, ends: list[float], gaps: np.ndarray | None = None) -> None:
         """Decode iterations ended at ``ends``, no member joining: :meth:`record` once per end, in
-        one call (the slack sums in the same order, so bit for bit the same state)."""
+        one call (the slack sums in the same order, so bit for bit the same state).  ``gaps``, if
+        given: ``ends`` minus each one's previous end (the first's: ``last_time``), as numpy
+        computed them, so the slack is one sequential ``np.cumsum``."""
         tpot, slack, last = self.tpot_s, self.slack_base, self.last_time
-        for t_end in ends:
-            slack += tpot - (t_end - last)
-            last = t_end
+        if gaps is None:
+            for t_end in ends:
+                slack += tpot - (t_end - last)
+                last = t_end
+        else:
+            terms = np.empty(len(gaps) + 1)
+            terms[0] = slack
+            np.subtract(tpot, gaps, out=terms[1:])
+            slack = float(np.cumsum(terms)[-1])
+            last = ends[-1]
         self.slack_base = slack
         self.end.extend(ends)
         self.last_time = last
@@ -211,7 +246,8 @@ class ServingCore:
         self.next_arrival = 0  # index into requests of the next arrival not yet admitted
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
-        self.token_times: dict[int, np.ndarray] = {}
+        self._shortcuts = Shortcuts()
+        self._token_times: dict[int, np.ndarray] = {}  # of finished[:len(it)], in finish order
         self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
         self.n_bad = 0  # requests known to miss it (as soon as it is known)
         self.n_credited = 0  # requests whose first token met TTFT while still in the running
@@ -222,7 +258,9 @@ class ServingCore:
         self._start_seq = 0
         self._deadlines: list[tuple[float, int, Request]] = []
         self.last_latency = 0.0
-        self.latency_ewma = 0.0
+        self._latency_ewma = 0.0
+        # Latencies not in the EWMA yet (deferred_ewma): one iteration's, or a stretch's (start, ends).
+        self._unfolded: list[float | tuple[float, list[float]]] = []
         self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
         self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
         self._rate_t = 0.0
@@ -250,18 +288,48 @@ class ServingCore:
         )
         kv = BlockManager(num_blocks, config.block_size, trace.hash_block_tokens)
         hashes = trace.hash_ids
-        requests = [
+        columns = (np.asarray(c).tolist() for c in (trace.arrival_s, trace.prompt_len, trace.output_len))
+        requests = [  # from Python numbers (tolist), the trace's values, a third of the time of numpy's
             Request(i, float(a), int(p), int(o), None if hashes is None else hashes[i])
-            for i, (a, p, o) in enumerate(
-                zip(trace.arrival_s, trace.prompt_len, trace.output_len, strict=True)
-            )
+            for i, (a, p, o) in enumerate(zip(*columns, strict=True))
         ]
         return cls(requests, kv, cost_model, slo, config, config.max_model_len or model.max_context)
+
+    @property
+    def shortcuts(self) -> Shortcuts:
+        return self._shortcuts
+
+    @shortcuts.setter
+    def shortcuts(self, value: Shortcuts) -> None:
+        """Set before the run starts: the deferred bookkeeping assumes one setting per run."""
+        if self.now or self.next_arrival:
+            raise ValueError(f"shortcuts are set before a run starts; this one is at t={self.now:.6f}s")
+        self._shortcuts = value
+
+    @property
+    def token_times(self) -> dict[int, np.ndarray]:
+        """Every finished request's token times, by request id, in finish order."""
+        times, finished = self._token_times, self.finished
+        todo = len(finished) - len(times)
+        if todo > 0:
+            end: list[float] | np.ndarray = self.decode.end
+            if todo > TIMES_BATCH:  # worth one array of every decode end
+                end = np.array(end)
+            for req in finished[len(times) :]:
+                times[req.rid] = req.token_times(end)
+        return times
 
     # ---- the read-only view (ServingView) ------------------------------------------------
     @property
     def lookahead(self) -> Sequence[Request]:
-        return self.queue[: self.config.lookahead]
+        queue, n = self.queue, self.config.lookahead
+        return queue if len(queue) <= n else queue[:n]  # read-only: no copy needed
+
+    @property
+    def latency_ewma(self) -> float:
+        if self._unfolded:
+            self._fold_latencies()
+        return self._latency_ewma
 
     @property
     def num_decode(self) -> int:
@@ -386,7 +454,9 @@ class ServingCore:
 
     def prepare(self) -> None:
         """Admit arrivals up to now and make room for the decodes' next step."""
-        self.admit_arrivals()
+        i, reqs = self.next_arrival, self.requests
+        if i < len(reqs) and reqs[i].arrival <= self.now:
+            self.admit_arrivals()
         while self.decode_block_need() > self.kv.free:
             self._preempt_one()
         if not self.decode.n and self.queue and not self._can_progress():
@@ -395,7 +465,10 @@ class ServingCore:
     def _can_progress(self) -> bool:
         """Whether the planner could give some queued prompt a token with the free KV blocks."""
         free, slots, bs = self.kv.free, self.free_slots, self.kv.block_size
-        return any(may_prefill(bs, r, free, slots) for r in self.lookahead)
+        for r in self.lookahead:
+            if may_prefill(bs, r, free, slots):
+                return True
+        return False
 
     def _free_for_progress(self) -> None:
         """With no decodes to finish and free memory, partial prefills could wait on each other forever.
@@ -439,34 +512,37 @@ class ServingCore:
                 f"empty plan at t={self.now:.6f}s with {len(self.queue)} queued prompts and "
                 f"{dec.n} decodes: a policy must schedule some work while work is pending"
             )
-        free = self.kv.free
-        if run_decode:
-            need = dec.block_need(dec.clock)
-            self.kv.allocate(need)
-            free -= need
-        slots = self.free_slots
-        bs = self.kv.block_size
+        kv = self.kv
+        # The blocks are allocated at once after validation: evicting cached units for their sum
+        # evicts the same LRU units as evicting for each part in turn.
+        total = self.decode_block_need() if run_decode else 0
+        free = kv.free - total
         chunks = []
-        seen = set()
-        for req, n in plan.chunks:
-            if req.status is not Status.WAITING or req.rid in seen:
-                raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
-            if not 1 <= n <= req.target - req.computed:
-                raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - req.computed} left")
-            need = blocks_needed(bs, req, n)
-            if need > free:
-                raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
-            if not req.running:
-                if slots <= 0:
-                    raise ValueError(
-                        f"plan starts {req!r} but all {self.config.max_num_seqs} slots are taken"
-                    )
-                slots -= 1
-                self._start(req)
-            seen.add(req.rid)
-            self.kv.allocate(need)
-            free -= need
-            chunks.append((req, n, req.computed))
+        if plan.chunks:
+            slots = self.free_slots
+            bs = kv.block_size
+            seen = set()
+            for req, n in plan.chunks:
+                if req.status is not Status.WAITING or req.rid in seen:
+                    raise ValueError(f"plan schedules {req!r}, which is not a distinct queued prompt")
+                computed = req.computed
+                if not 1 <= n <= req.target - computed:
+                    raise ValueError(f"plan gives {req!r} {n} tokens; it has {req.target - computed} left")
+                need = blocks_needed(bs, req, n)
+                if need > free:
+                    raise ValueError(f"plan needs {need} KV blocks for {req!r}; {free} are free")
+                if not req.running:
+                    if slots <= 0:
+                        raise ValueError(
+                            f"plan starts {req!r} but all {self.config.max_num_seqs} slots are taken"
+                        )
+                    slots -= 1
+                    self._start(req)
+                seen.add(req.rid)
+                total += need
+                free -= need
+                chunks.append((req, n, computed))
+        kv.allocate(total)
         return Batch(dec.n if run_decode else 0, dec.context_sum(dec.clock) if run_decode else 0, chunks)
 
     def _start(self, req: Request) -> None:
@@ -482,9 +558,14 @@ class ServingCore:
         self.observe_time(t_end)
         if batch.num_decode:
             self._decode_step(t_end)
+        u = self.kv.unit_tokens
         for req, n, _ in batch.chunks:
             req.computed += n
-            if req.hash_ids is not None and self.kv.unit_tokens:
+            if (
+                req.hash_ids is not None
+                and u
+                and min(req.computed, req.prompt_len) // u > len(req.prefix_units)
+            ):
                 self._publish_units(req)
             if req.computed == req.target:
                 self._prefill_done(req, t_end)
@@ -494,18 +575,34 @@ class ServingCore:
     def observe_time(self, t_end: float) -> None:
         """Advance the clock to the end of an iteration, tracking recent latencies."""
         self.last_latency = latency = t_end - self.now
-        self.latency_ewma += LATENCY_EWMA_ALPHA * (latency - self.latency_ewma)
+        if self._shortcuts.deferred_ewma:
+            self._unfolded.append(latency)
+        else:
+            self._latency_ewma += LATENCY_EWMA_ALPHA * (latency - self._latency_ewma)
         self.now = t_end
 
     def observe_stretch(self, ends: list[float]) -> None:
         """:meth:`observe_time` for back-to-back iterations ending at ``ends``, in one call."""
-        ewma, now = self.latency_ewma, self.now
-        latency = 0.0
-        for t_end in ends:
-            latency = t_end - now
-            ewma += LATENCY_EWMA_ALPHA * (latency - ewma)
-            now = t_end
-        self.last_latency, self.latency_ewma, self.now = latency, ewma, now
+        now = self.now
+        self.last_latency = ends[-1] - (ends[-2] if len(ends) > 1 else now)
+        self.now = ends[-1]
+        self._unfolded.append((now, ends))
+        if not self._shortcuts.deferred_ewma:
+            self._fold_latencies()
+
+    def _fold_latencies(self) -> None:
+        """Apply the waiting latencies to the EWMA, in order, as :meth:`observe_time` would have."""
+        ewma = self._latency_ewma
+        for item in self._unfolded:
+            if isinstance(item, float):
+                ewma += LATENCY_EWMA_ALPHA * (item - ewma)
+                continue
+            now, ends = item
+            for t_end in ends:
+                ewma += LATENCY_EWMA_ALPHA * ((t_end - now) - ewma)
+                now = t_end
+        self._latency_ewma = ewma
+        self._unfolded = []
 
     def _decode_step(self, t_end: float) -> None:
         """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""
@@ -540,6 +637,10 @@ class ServingCore:
         self.queue.remove(req)
         self.n_running_prefill -= 1
         req.running = False
+        if req.generated:  # resumed after a preemption: the one gap no decode step checks
+            gap = t - req.last_token_time(self.decode.end)
+            if gap > req.resume_gap:
+                req.resume_gap = gap
         req.emissions.append(t)
         req.generated += 1
         if req.generated == 1 and not req.violated:
@@ -556,14 +657,35 @@ class ServingCore:
     def finish(self, req: Request, kv_tokens: int) -> None:
         req.status = Status.FINISHED
         self._release(req, kv_tokens)
-        times = req.token_times(self.decode.end)
-        self.token_times[req.rid] = times
         self.finished.append(req)
+        if self._shortcuts.verdicts:
+            if not req.violated:
+                if self._meets_slo_so_far(req):
+                    self.n_good += 1
+                else:
+                    self._violate(req)
+            return
+        times = req.token_times(self.decode.end)
+        self._token_times[req.rid] = times
         if not req.violated:
             if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req.ttft_bound, self.slo):
                 self.n_good += 1
             else:
                 self._violate(req)
+
+    def _meets_slo_so_far(self, req: Request) -> bool:
+        """:func:`meets_slo` on a finished request not yet known to miss it, without its token times.
+
+        Its TTFT was checked at its first token; every token gap is at most the stall bound:
+        each decode step checked its members' gaps (fast-forward stops before a longer one), and
+        the gaps before resumed prefill tokens are in ``resume_gap``.  TPOT is the same division
+        as :func:`tpot_of`'s, on the same two times, so the verdict is identical.
+        """
+        n = req.generated
+        first = cast(float, req.emissions[0])
+        tpot = (req.last_token_time(self.decode.end) - first) / (n - 1) if n > 1 else 0.0
+        slo = self.slo
+        return first - req.arrival <= req.ttft_bound and tpot <= slo.tpot_s and req.resume_gap <= slo.stall_s
 
     def _release(self, req: Request, kv_tokens: int) -> None:
         kv = self.kv

@@ -34,17 +34,15 @@ class BlockManager:
         self.unit_tokens = unit_tokens
         self.unit_blocks = unit_tokens // block_size if unit_tokens else 0
         self.empty = num_blocks
+        # Blocks that can be handed out now (empty ones plus evictable cached units): kept up to
+        # date by every change of either, as the planners and the core read it several times a step.
+        self.free = num_blocks
         self.private = 0
         self._refs: dict[int, int] = {}  # unit hash id -> references (> 0: in use)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
         self.evictions = 0
 
     # ---- capacity -----------------------------------------------------------------
-    @property
-    def free(self) -> int:
-        """Blocks that can be handed out now (empty ones plus evictable cached units)."""
-        return self.empty + len(self._evictable) * self.unit_blocks
-
     @property
     def used(self) -> int:
         return self.total - self.free
@@ -58,19 +56,22 @@ class BlockManager:
                 raise RuntimeError(f"KV cache over-committed: need {blocks} blocks, {self.free} free")
             uid, _ = self._evictable.popitem(last=False)
             del self._refs[uid]
-            self.empty += self.unit_blocks
+            self.empty += self.unit_blocks  # an evictable unit was free already: free is unchanged
             self.evictions += 1
 
     # ---- private blocks -------------------------------------------------------------
     def allocate(self, blocks: int) -> None:
         if blocks:
-            self._make_room(blocks)
+            if self.empty < blocks:
+                self._make_room(blocks)
             self.empty -= blocks
+            self.free -= blocks
             self.private += blocks
 
     def release(self, blocks: int) -> None:
         self.private -= blocks
         self.empty += blocks
+        self.free += blocks
 
     # ---- shared prefix units --------------------------------------------------------
     def match(self, hash_ids: np.ndarray, max_units: int) -> list[int]:
@@ -90,6 +91,7 @@ class BlockManager:
             n = self._refs[uid]
             if n == 0:
                 del self._evictable[uid]
+                self.free -= self.unit_blocks
             self._refs[uid] = n + 1
 
     def publish(self, uid: int) -> bool:
@@ -110,6 +112,7 @@ class BlockManager:
             self._refs[uid] = n
             if n == 0:
                 self._evictable[uid] = None
+                self.free += self.unit_blocks
 
     def check(self) -> None:
         in_use = sum(1 for n in self._refs.values() if n > 0)
@@ -118,3 +121,4 @@ class BlockManager:
         accounted = self.private + (in_use + cached_free) * self.unit_blocks + self.empty
         assert accounted == self.total, f"KV blocks not conserved: {accounted} != {self.total}"
         assert self.empty >= 0 and self.private >= 0
+        assert self.free == self.empty + cached_free * self.unit_blocks, "free blocks miscounted"

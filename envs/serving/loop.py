@@ -46,6 +46,8 @@ ITERATION_COLUMNS = {
 class IterationLog:
     """Per-iteration records, one Python list per column (cheap appends), numpy on demand."""
 
+    records = True  # False: appends are dropped, so callers may skip building the rows
+
     def __init__(self) -> None:
         self.cols: dict[str, list[float]] = {name: [] for name in ITERATION_COLUMNS}
         # The columns once more, in row order; plain lists, not bound appends, so that a deep copy
@@ -86,6 +88,8 @@ class IterationLog:
 class UnrecordedLog(IterationLog):
     """An iteration log that keeps nothing: for runs judged only on the core's SLO counters (a
     capacity probe decided early, the oracle's rollouts), which never read their log."""
+
+    records = False
 
     def append(
         self,
@@ -168,11 +172,13 @@ class ServingLoop:
         core = self.core
         start = core.now
         batch = core.begin(plan)
-        used = core.kv.used
+        log = self.log
+        used = core.kv.used if log.records else 0
         end, latency = self.executor.execute(batch, start)
         core.end(batch, end)
-        chunks = batch.chunks
-        self.log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
+        if log.records:
+            chunks = batch.chunks
+            log.append(start, latency, batch.num_decode, sum(q for _, q, _ in chunks), len(chunks), used)
         return latency
 
     def run_until(
@@ -199,7 +205,7 @@ class ServingLoop:
                 return False
             if stop is not None and stop():
                 return True
-            if skip is not None and skip(core, log):
+            if skip is not None and not core.queue and skip(core, log):  # forced: no prompt waits
                 continue
             todo = plan(view)
             while not todo.chunks and not (todo.decode and core.decode.n) and core.release_idle_prefix():

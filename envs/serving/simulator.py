@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,7 +25,9 @@ from envs.serving.workloads.trace import Trace
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call
 STRETCH_MIN = 16  # stretches that may run this many iterations are computed with numpy
 
-Stretch = tuple[list[float], list[float], list[int]]  # end times, latencies, KV blocks used after
+# End times; latencies and KV blocks used after each (lists, or arrays from the numpy path, turned
+# into lists only for a log that records them); and (numpy path) each end minus the one before.
+Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray, np.ndarray | None]
 
 
 class CostModelClock:
@@ -39,9 +42,14 @@ class CostModelClock:
 
     def execute(self, batch: Batch, start: float) -> tuple[float, float]:
         chunks = batch.chunks
-        latency = self.cost.iteration_time(
-            batch.num_decode, batch.decode_context, [q for _, q, _ in chunks], [c for _, _, c in chunks]
-        )
+        queries: Sequence[int]
+        computed: Sequence[int]
+        if len(chunks) == 1:  # the common shape: no list building
+            _, q, c = chunks[0]
+            queries, computed = (q,), (c,)
+        else:
+            queries, computed = [q for _, q, _ in chunks], [c for _, _, c in chunks]
+        latency = self.cost.iteration_time(batch.num_decode, batch.decode_context, queries, computed)
         return start + latency, latency
 
     def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
@@ -70,21 +78,22 @@ class CostModelClock:
             stretch = self._stretch_numpy(core, limit, t_arr)
         else:
             stretch = self._stretch_python(core, limit, t_arr)
-        ends, latencies, kv_used = stretch
+        ends, latencies, kv_used, gaps = stretch
         k = len(ends)
         if not k:
             return False
-        log.extend(
-            start=[now, *ends[:-1]],
-            latency=latencies,
-            decode_tokens=[n] * k,
-            prefill_tokens=[0] * k,
-            prefill_seqs=[0] * k,
-            kv_used=kv_used,
-        )
-        core.kv.allocate(kv_used[-1] - core.kv.used)
+        if log.records:
+            log.extend(
+                start=[now, *ends[:-1]],
+                latency=_as_list(latencies),
+                decode_tokens=[n] * k,
+                prefill_tokens=[0] * k,
+                prefill_seqs=[0] * k,
+                kv_used=_as_list(kv_used),
+            )
+        core.kv.allocate(int(kv_used[-1]) - core.kv.used)
         core.observe_stretch(ends)
-        dec.record_stretch(ends)
+        dec.record_stretch(ends, gaps if core.shortcuts.stretches else None)
         for req in dec.pop_finished():
             core.finish(req, dec.leave(req))
         return True
@@ -114,7 +123,7 @@ class CostModelClock:
             latencies.append(lat)
             kv_used.append(used + allocated)
             now = last = end
-        return ends, latencies, kv_used
+        return ends, latencies, kv_used, None
 
     def _stretch_numpy(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
         """:meth:`_stretch_python` in a few numpy calls: cumulative sums are sequential, as the loop's."""
@@ -129,9 +138,15 @@ class CostModelClock:
         previous = times[:-1].copy()
         previous[0] = dec.last_time
         allocated = np.cumsum(dec.block_needs(clock, limit))
-        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (ends - previous <= core.slo.stall_s)
+        gaps = ends - previous
+        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (gaps <= core.slo.stall_s)
         k = limit if ok.all() else int(np.argmin(ok))
-        return ends[:k].tolist(), latency[:k].tolist(), (core.kv.used + allocated[:k]).tolist()
+        return ends[:k].tolist(), latency[:k], core.kv.used + allocated[:k], gaps[:k]
+
+
+def _as_list(values: list[float] | list[int] | np.ndarray) -> list[float] | list[int]:
+    """A stretch column as the log's Python numbers."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 class Simulator(ServingLoop):
@@ -173,7 +188,7 @@ class Simulator(ServingLoop):
         if not keep_log:
             shared.append(self.log)
         memo: dict[int, object] = {id(x): x for x in shared}
-        for history in (core.finished, core.rejected, core.token_times, core.decode.end):
+        for history in (core.finished, core.rejected, core._token_times, core.decode.end):
             memo[id(history)] = history.copy()
         twin = copy.deepcopy(self, memo)
         if not keep_log:

@@ -1,0 +1,99 @@
+"""The core's shortcuts (cheaper SLO verdicts, deferred stretch bookkeeping) change no result:
+runs with them on and off agree bit for bit, iteration by iteration, over generated workloads."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baselines import Sarathi
+from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
+from envs.serving.metrics import tpot_of
+from envs.serving.simulator import Simulator
+from tests.simtools import make_setup, make_trace
+
+UNIT = 32
+
+
+@st.composite
+def runs(draw):
+    n = draw(st.integers(1, 30))
+    gaps = draw(st.lists(st.floats(0.0, 0.5), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 4000), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))  # long: numpy stretches
+    blocks = draw(st.sampled_from([0, 50, 80, 200]))  # small caches: preemptions, resumed requests
+    hashes = [[(i % 3) * 10_000 + u for u in range(p // UNIT)] for i, p in enumerate(prompts)]
+    budget = draw(st.sampled_from([128, 512, 4096, 16384]))
+    rule = draw(st.sampled_from(["FCFS", "SHORTEST_FIRST", "SLACK_DOOMED_LAST"]))
+    trace = make_trace(np.cumsum(gaps), prompts, outputs, *((None, 0) if blocks else (hashes, UNIT)))
+    return trace, blocks, budget, rule
+
+
+def _run(trace, blocks: int, budget: int, rule: str, shortcuts: Shortcuts) -> tuple[Simulator, list[tuple]]:
+    sim = make_setup(num_blocks=blocks).simulator(trace)
+    core = sim.core
+    core.shortcuts = shortcuts
+    seen: list[tuple] = []
+
+    def record() -> bool:  # after every iteration or stretch: what the policy and the rewards see
+        seen.append(
+            (core.now, core.n_good, core.n_bad, core.n_credited, core.n_uncredited, core.min_tpot_slack())
+        )
+        return False
+
+    sim.run_until(Sarathi(budget, rule), stop=record)
+    return sim, seen
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a.values(), b.values(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("shortcuts", [Shortcuts(), PROBE_SHORTCUTS], ids=["default", "probe"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=runs())
+def test_runs_with_and_without_shortcuts_agree_at_every_iteration(shortcuts, case):
+    (on, seen_on), (off, seen_off) = (_run(*case, shortcuts=s) for s in (shortcuts, NO_SHORTCUTS))
+    assert seen_on == seen_off
+    c_on, c_off = on.core, off.core
+    assert [(r.status, r.violated, r.credited, r.generated) for r in c_on.requests] == [
+        (r.status, r.violated, r.credited, r.generated) for r in c_off.requests
+    ]
+    assert (c_on.latency_ewma, c_on.last_latency, c_on.decode.slack_base) == (
+        c_off.latency_ewma,
+        c_off.last_latency,
+        c_off.decode.slack_base,
+    )
+    assert list(c_on.token_times) == list(c_off.token_times)  # the same finish order
+    assert all(np.array_equal(c_on.token_times[k], t) for k, t in c_off.token_times.items())
+    assert _same(on.result().metrics | {"sim_wall_s": 0.0}, off.result().metrics | {"sim_wall_s": 0.0})
+
+
+def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_met():
+    # Request 1 is preempted (50 KV blocks) and resumes more than 3x the stall bound after its
+    # last token, while its TPOT stays within bound: only its resume gap says it misses.
+    trace = make_trace(
+        [0.014, 0.038, 0.087, 0.135, 0.172, 0.199],
+        [556, 177, 439, 109, 204, 582],
+        [197, 230, 152, 90, 198, 268],
+    )
+    for shortcuts in (Shortcuts(), NO_SHORTCUTS):
+        sim, _ = _run(trace, 50, 512, "FCFS", shortcuts)
+        core, req = sim.core, sim.core.requests[1]
+        times = core.token_times[req.rid]
+        assert req.preemptions and req.resume_gap > core.slo.stall_s
+        assert tpot_of(times) <= core.slo.tpot_s and times[0] - req.arrival <= req.ttft_bound
+        assert req.violated
+        assert int(sim.result().outcomes.good.sum()) == core.n_good
+
+
+def test_shortcuts_are_set_before_the_run_starts():
+    sim = make_setup().simulator(make_trace([0.0, 0.1], [100, 100], [5, 5]))
+    sim.core.shortcuts = NO_SHORTCUTS
+    sim.run_until(Sarathi(512, "FCFS"), until_s=0.05)
+    with pytest.raises(ValueError, match="set before a run starts"):
+        sim.core.shortcuts = Shortcuts()
