@@ -112,7 +112,9 @@ def test_bad_settings_fail_before_any_engine_starts(checkpoints):
     with pytest.raises(ValueError, match="backends"):
         load_config([*SLICE, "backends=[engine]"])
     with pytest.raises(ValueError, match="device"):
-        load_config([*SLICE, "device=cuda"])
+        load_config([*SLICE, "device=tpu"])
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        load_config([*SLICE, "gpu_memory_utilization=1.5"])
 
 
 @pytest.mark.slow
