@@ -30,9 +30,9 @@ holds both at once.
   profiled range it continues as a straight line.  With ``lin_knee = lin_mem /
   lin_per_token`` this is ``lin_fixed + max(lin_mem, lin_per_token * T)``, the textbook
   roofline; a fitted knee lies further out because GEMMs near the knee run below peak.
-  The last term (optional, zero unless a profile fits it) is a steeper regime for steps
-  whose activations outgrow what the host reuses: on a CPU, buffers above glibc's largest
-  mmap threshold (32 MiB) are fresh pages that fault on first touch, every step.
+  The last term (optional, zero unless a profile fits it) is a steeper regime of very
+  large steps: vLLM's CPU backend costs ~25-40% more per token in steps of 8-16k tokens
+  than in steps of 1-4k (memory effects of activations of tens of MB; not pinned down).
 * ``prefill_attention(q, c)`` for a chunk of ``q`` query tokens over ``c`` tokens already
   cached: causal FLOPs, i.e. ``q * (c + (q + 1) / 2)`` query-key pairs, times a cost per
   pair, plus a per-chunk cost.
