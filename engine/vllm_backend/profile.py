@@ -272,6 +272,7 @@ def refit(
 ) -> Calibrated:
     """Fit a profile saved by :func:`calibrate` again (no vLLM) and write the coefficient file."""
     samples, where = read_samples(samples_csv)
+    where = f"{where}; refitted from the saved {samples_csv.name}"
     return fitted(conf, samples, where, Path(out_dir), time.perf_counter(), log)
 
 
