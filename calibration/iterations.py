@@ -10,7 +10,12 @@ With ``L`` layers, ``T`` batched tokens, ``n`` decodes holding ``C`` KV tokens (
 included, as the core counts) and chunks of ``q`` queries over ``c`` cached tokens::
 
     iter_fixed + L * ( lin_elementwise * T + lin_per_token * max(T - knee, 0) + step * [T > 1]
-                       + pair * sum q (c + (q + 1) / 2) + chunk * chunks + dec_tok * C + dec_seq * n )
+                       + pair * sum q (c + (q + 1) / 2) + chunk * chunks + dec_tok * C + dec_seq * n
+                       [+ lin_large * max(T - large_knee, 0)] )
+
+The bracketed hinge is optional (``fit(..., large_knees=...)``, off by default): a second, steeper
+per-token regime for steps of many thousand tokens, which vLLM on a CPU shows (the cost model's
+``lin_large_*``).
 
 A host-side floor and the LM head's separate terms are left at zero: on a CPU the host is the
 device, and the head is folded into the per-token and per-sequence terms and the one step.
@@ -183,19 +188,22 @@ class Fit:
     heldout_points: int
 
 
-def fit_terms(samples: Sequence[Sample]) -> KneeFit:
-    """The coefficients of :data:`TERMS` with the least relative squared error over :data:`KNEES`."""
+def fit_terms(samples: Sequence[Sample], large_knees: Sequence[float] = ()) -> KneeFit:
+    """The coefficients of :data:`TERMS` with the least relative squared error over :data:`KNEES`
+    (and, with ``large_knees``, the second hinge at the best of those inside the samples' range)."""
     y = np.array([s.seconds for s in samples])
-    if len(samples) < len(TERMS) or not np.all(y > 0):
-        raise ValueError(f"need at least {len(TERMS)} samples with positive times, got {len(samples)}")
+    need = len(TERMS) + bool(large_knees)
+    if len(samples) < need or not np.all(y > 0):
+        raise ValueError(f"need at least {need} samples with positive times, got {len(samples)}")
     tokens, extra = columns(samples)
-    return fit_knee_grid(tokens, y, KNEES, extra, STEPS, max_steps=len(STEPS))
+    return fit_knee_grid(tokens, y, KNEES, extra, STEPS, max_steps=len(STEPS), large_knees=large_knees)
 
 
 def params_of(terms: KneeFit, num_layers: int) -> CostParams:
     """The fitted terms as :class:`CostParams` (per-layer terms divided by ``num_layers``)."""
     const, tokens, above, pairs, chunks, decode_kv, decodes = (float(x) for x in terms.coef[:7])
     per_layer = 1.0 / num_layers
+    large = float(terms.coef[7]) if terms.large_knee is not None else 0.0
     return CostParams(
         num_layers=num_layers,
         lin_fixed_s=0.0,
@@ -218,18 +226,22 @@ def params_of(terms: KneeFit, num_layers: int) -> CostParams:
         iter_fixed_s=const,
         head_fixed_s=0.0,
         head_s_per_seq=0.0,
+        lin_large_s_per_token=large * per_layer,
+        lin_large_knee_tokens=terms.large_knee if large > 0 else 0.0,
     )
 
 
-def fit(samples: Sequence[Sample], num_layers: int, seed: int = 0) -> Fit:
-    """Fit on all samples; the held-out error comes from a refit on a seeded 80% of them."""
-    params = params_of(fit_terms(samples), num_layers)
+def fit(samples: Sequence[Sample], num_layers: int, seed: int = 0, large_knees: Sequence[float] = ()) -> Fit:
+    """Fit on all samples; the held-out error comes from a refit on a seeded 80% of them.
+
+    ``large_knees``: candidate starts of the optional second hinge (none: the form without it)."""
+    params = params_of(fit_terms(samples, large_knees), num_layers)
     y = np.array([s.seconds for s in samples])
     cost = RooflineCostModel(params)
     in_sample = mape([s.predict(cost) for s in samples], y)
     held = holdout_mask(len(samples), 0.2, seed)
     kept = [s for s, h in zip(samples, held, strict=True) if not h]
     test = [s for s, h in zip(samples, held, strict=True) if h]
-    part = RooflineCostModel(params_of(fit_terms(kept), num_layers))
+    part = RooflineCostModel(params_of(fit_terms(kept, large_knees), num_layers))
     heldout = mape([s.predict(part) for s in test], [s.seconds for s in test])
     return Fit(params, in_sample, heldout, len(samples), len(test))

@@ -103,6 +103,20 @@ def test_extra_columns_and_a_fixed_knee_grid_recover_their_coefficients() -> Non
     assert fit.heights == pytest.approx([true[5]], rel=1e-6)
 
 
+def test_a_second_hinge_is_found_among_large_knees_and_absent_without_them() -> None:
+    """A steeper per-token regime above a large knee (vLLM's CPU steps past ~5k tokens)."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(1, 16384, 60).astype(np.float64)
+    extra = rng.uniform(0.0, 50.0, (60, 1))
+    y = 5e-3 + 1e-4 * x + 3e-4 * extra[:, 0] + 5e-5 * np.maximum(x - 5120, 0)
+    fit = fit_knee_grid(x, y, (0, 64), extra, large_knees=(2048, 5120, 8192, 1e9))
+    assert (fit.knee, fit.large_knee) == (0.0, 5120.0)
+    assert fit.coef[[0, 1, 3, 4]] == pytest.approx([5e-3, 1e-4, 3e-4, 5e-5], rel=1e-6)
+    plain = fit_knee_grid(x, y, (0, 64), extra)
+    assert plain.large_knee is None and len(plain.coef) == 4
+    assert fit_knee_grid(x, y, (0, 64), extra, large_knees=(1e9,)).large_knee is None  # outside the data
+
+
 def test_steps_outside_the_data_and_beyond_max_steps_are_dropped() -> None:
     y = TRUE.predict(TOKENS)
     fit = fit_knee_grid(TOKENS, y, (300.0,), None, (64.0, 128.0, 512.0, 1e6), max_steps=2)

@@ -14,8 +14,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calibration.cost_files import CostFile, cost_file_mapping, write_cost_files
 from envs.serving.cost_model import (
     COST_DIR,
+    OPTIONAL_FIELDS,
     CostParams,
     RooflineCostModel,
     cost_file_name,
@@ -117,6 +119,30 @@ def test_tile_steps_add_once_the_threshold_is_passed() -> None:
     assert stepped.linear_time(64) == pytest.approx(plain.linear_time(64))
     assert stepped.linear_time(65) == pytest.approx(plain.linear_time(65) + 1e-4)
     assert stepped.linear_time(129) == pytest.approx(plain.linear_time(129) + 3e-4)
+
+
+def test_the_large_regime_adds_its_slope_above_its_knee_only() -> None:
+    p = roofline_params(load_model("llama2_7b"), load_hardware("a100_80gb"), 1)
+    large = RooflineCostModel(
+        dataclasses.replace(p, lin_large_s_per_token=1e-5, lin_large_knee_tokens=4096.0)
+    )
+    plain = RooflineCostModel(p)
+    assert large.linear_time(4096) == plain.linear_time(4096)
+    assert large.linear_time(6096) == pytest.approx(plain.linear_time(6096) + 2000 * 1e-5)
+    assert large.iteration_time(0, 0, (6096,), (0,)) == pytest.approx(
+        plain.iteration_time(0, 0, (6096,), (0,)) + p.num_layers * 2000 * 1e-5
+    )
+
+
+def test_files_without_the_large_regime_are_written_as_before(tmp_path: Path) -> None:
+    """The optional fields appear in a coefficient file only when set, so older files regenerate unchanged."""
+    params = roofline_params(load_model("llama2_7b"), load_hardware("a100_80gb"), 1)
+    plain = cost_file_mapping(CostFile("a100_80gb", "llama2_7b", 1, False, "test", params, {}))
+    assert not set(OPTIONAL_FIELDS) & set(plain["params"])
+    set_ = dataclasses.replace(params, lin_large_s_per_token=1e-5, lin_large_knee_tokens=4096.0)
+    path = write_cost_files([CostFile("a100_80gb", "llama2_7b", 1, False, "test", set_, {})], tmp_path)[0]
+    back = read_cost_file(path)["params"]
+    assert (back.lin_large_s_per_token, back.lin_large_knee_tokens) == (1e-5, 4096.0)
 
 
 def test_host_floor_sets_the_pace_of_short_iterations() -> None:

@@ -69,6 +69,23 @@ def test_the_fit_recovers_a_cost_model_of_its_own_form():
         assert s.predict(got) == pytest.approx(s.seconds, rel=1e-6)
 
 
+def test_the_fit_finds_a_steeper_regime_of_large_steps_when_asked():
+    """vLLM's CPU profile: steps past a large knee cost more per token; the default fit has no such term."""
+    truth = dataclasses.replace(TRUTH, lin_large_s_per_token=1e-5, lin_large_knee_tokens=4096.0)
+    timed = []
+    for s in samples() + [
+        Sample(0, 0, (q,) * k, (0,) * k, 1.0) for k, q in ((1, 4096), (8, 1024), (16, 1024), (64, 256))
+    ]:
+        timed.append(dataclasses.replace(s, seconds=s.predict(RooflineCostModel(truth))))
+    result = fit(timed, num_layers=6, large_knees=(2048, 4096, 8192))
+    assert result.in_sample_mape < 1e-6
+    assert (result.params.lin_large_knee_tokens, result.params.lin_large_s_per_token) == pytest.approx(
+        (4096, 1e-5)
+    )
+    plain = fit(timed, num_layers=6)
+    assert plain.params.lin_large_s_per_token == 0.0 and plain.in_sample_mape > 0.01
+
+
 def test_noise_shows_in_the_heldout_error_not_in_the_coefficients_sign():
     result = fit(samples(noise=0.05, seed=1), num_layers=6)
     assert 0.01 < result.heldout_mape < 0.12

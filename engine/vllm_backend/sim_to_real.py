@@ -37,9 +37,8 @@ from engine.replay import Replay, check, write
 from engine.sim_to_real import _rounded
 from engine.vllm_backend import llm
 from engine.vllm_backend.compare import compare, table
-from engine.vllm_backend.profile import calibrate, grid, sample_frame
+from engine.vllm_backend.profile import calibrate, grid
 from engine.vllm_backend.replay import VllmReplayConfig, VllmServer, replay
-from envs.serving.cost_model import RooflineCostModel
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm_bench.yaml"
 CONFIG_NAME = "sim_to_real_vllm"
@@ -102,12 +101,11 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
     log(
         f"profiling vLLM {llm.VERSION} ({conf.model}, {conf.threads} thread(s)) over {len(compositions)} compositions..."
     )
-    cal = calibrate(conf, out, conf.repeats, conf.warmup, compositions, log)
+    cal = calibrate(conf, out, conf.repeats, conf.warmup, compositions, log, out / "profile.csv")
     log(
         f"fitted {cal.fit.points} compositions in {cal.seconds:.0f} s ({cal.span:.1f}x latency span): in-sample "
         f"MAPE {cal.fit.in_sample_mape:.3f}, held-out {cal.fit.heldout_mape:.3f} -> {cal.path}"
     )
-    sample_frame(cal.samples, RooflineCostModel(cal.fit.params)).to_csv(out / "profile.csv", index=False)
     fitted = dataclasses.replace(conf, cost_model=str(cal.path))
     done = serve_all(fitted, log, loads)
     loads.append(os.getloadavg()[0])

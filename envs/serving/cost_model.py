@@ -22,6 +22,7 @@ holds both at once.
 
       lin_fixed + lin_elementwise * T + lin_mem + lin_per_token * max(T - lin_knee, 0)
       + sum of lin_steps heights whose threshold < T
+      + lin_large_s_per_token * max(T - lin_large_knee_tokens, 0)
 
   a launch term, element-wise ops, the GEMMs' weight reads (memory-bound below the knee)
   and their compute above it, plus non-negative steps where a GEMM needs one more row
@@ -29,6 +30,9 @@ holds both at once.
   profiled range it continues as a straight line.  With ``lin_knee = lin_mem /
   lin_per_token`` this is ``lin_fixed + max(lin_mem, lin_per_token * T)``, the textbook
   roofline; a fitted knee lies further out because GEMMs near the knee run below peak.
+  The last term (optional, zero unless a profile fits it) is a steeper regime of very
+  large steps: vLLM's CPU backend costs ~25-40% more per token in steps of 8-16k tokens
+  than in steps of 1-4k (memory effects of activations of tens of MB; not pinned down).
 * ``prefill_attention(q, c)`` for a chunk of ``q`` query tokens over ``c`` tokens already
   cached: causal FLOPs, i.e. ``q * (c + (q + 1) / 2)`` query-key pairs, times a cost per
   pair, plus a per-chunk cost.
@@ -149,6 +153,8 @@ class CostParams:
     cpu_s_per_seq: float = 0.0
     cpu_s_per_token: float = 0.0
     iter_s_per_seq: float = 0.0
+    lin_large_s_per_token: float = 0.0
+    lin_large_knee_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -210,6 +216,9 @@ ENGINE_FIELDS = (
     "cpu_s_per_token",
 )
 """:class:`CostParams`' engine terms: zero in a device-only cost file, set by :func:`with_engine_overhead`."""
+OPTIONAL_FIELDS = ("lin_large_s_per_token", "lin_large_knee_tokens")
+""":class:`CostParams`' fields a coefficient file holds only when set (non-zero): files fitted without them stay as
+they were."""
 
 
 def with_engine_overhead(
@@ -267,6 +276,8 @@ class RooflineCostModel(CostModel):
         self._lin_tok = p.lin_elementwise_s_per_token + p.allreduce_count * p.allreduce_s_per_token
         self._slope = p.lin_s_per_token
         self._knee_lin = p.lin_knee_tokens
+        self._large_slope = p.lin_large_s_per_token
+        self._large_knee = p.lin_large_knee_tokens
         self._step_at = [t for t, _ in p.lin_steps]
         self._step_sum = [0.0]
         for _, height in p.lin_steps:
@@ -289,6 +300,8 @@ class RooflineCostModel(CostModel):
             t += self._slope * (num_tokens - self._knee_lin)
         if num_tokens > self._ar_knee:
             t += self._ar_above * (num_tokens - self._ar_knee)
+        if self._large_slope and num_tokens > self._large_knee:
+            t += self._large_slope * (num_tokens - self._large_knee)
         if self._step_at:
             t += self._step_sum[bisect.bisect_left(self._step_at, num_tokens)]
         return t
