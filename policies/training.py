@@ -39,7 +39,7 @@ from torch import nn
 from chunkgym.io import atomic_write_text
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
-from envs.features import FEATURES_V1
+from envs.features import FEATURES_V3
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
@@ -438,7 +438,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
     """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
     slo = setup.slo
     contract = env_contract(cfg.env.id)
-    described = dict(FEATURES_V1)  # v1's features extend v0's
+    described = dict(FEATURES_V3)  # v3's features extend v1's, which extend v0's
     return {
         "env_id": cfg.env.id,
         "env_version": contract["env_version"],
@@ -449,7 +449,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "feature_set": contract["feature_set"],
             "features": [{"name": n, "description": described.get(n, "")} for n in contract["feature_names"]],
         },
-        "action": {k: contract[k] for k in ("nvec", "budget_levels", "allocation_rules")},
+        "action": {k: contract[k] for k in ("nvec", *version_of(cfg.env.id).actions.describe())},
         "reward": "+1 per request meeting its SLO, -1 per request missing it, times reward_scale",
         "reward_scale": cfg.env.reward_scale,
         "setup": {
