@@ -107,6 +107,9 @@ class AlgoConfig:
     bc_policies: list[str] = field(default_factory=list)
     bc_steps: int = 0
     bc_epochs: int = 10
+    # DAgger rounds after the clone: bc_steps steps each, driven by the policy, labelled by the teacher
+    # (per episode its window's best, as above), merged into the data and refitted (0 = plain cloning).
+    bc_dagger_rounds: int = 0
 
 
 @dataclass
@@ -175,6 +178,7 @@ RULES: dict[str, Rule] = {
     "algo.batch_size": AT_LEAST_ONE,
     "algo.total_timesteps": AT_LEAST_ONE,
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
+    "algo.bc_dagger_rounds": Rule(lambda v: v >= 0, "an integer >= 0 (0: plain behaviour cloning)"),
     "eval.seeds": NON_EMPTY,
     "eval.baseline": Rule(
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
