@@ -86,7 +86,9 @@ def main(dcfg: DictConfig) -> None:
     elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
         level, rule = a.bc_action
-        data = imitation.collect(venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies)
+        data = imitation.collect(
+            venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies, margin=a.bc_margin
+        )
         masked = training.is_masked(cfg)
         fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
         log.info(
@@ -97,7 +99,15 @@ def main(dcfg: DictConfig) -> None:
         )
         for round_ in range(a.bc_dagger_rounds):  # DAgger: label the states the policy itself reaches
             own = imitation.collect(
-                venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies, student=model
+                venv,
+                a.bc_teacher,
+                level,
+                rule,
+                a.bc_steps,
+                a.gamma,
+                a.bc_policies,
+                student=model,
+                margin=a.bc_margin,
             )
             on_policy = imitation.agreement(model, own, masked)
             data = imitation.merge(data, own)

@@ -27,7 +27,8 @@ rollouts (so PPO's first advantages are not noise).
 
 In ``ChunkedPrefill-v3`` every candidate is a constant action: a named heuristic is the
 action :func:`policies.constant.constant_action` gives it, listed before the budget
-levels, so on a tie the heuristic (``adaptive_srpf`` first in the shipped recipe) is the label.
+levels, so on a tie the heuristic (``adaptive_srpf`` first in the shipped recipe) is the label,
+and with a ``margin`` it stays the label unless another candidate serves the window clearly better.
 Labels are then state-independent within a window, and ``student`` rollouts (DAgger: the
 states the policy itself reaches, labelled with the window's teacher) cost no more than the
 teacher's own.
@@ -83,13 +84,15 @@ def teacher_policy(env, teacher: Teacher) -> Policy:
     return Sarathi(BUDGET_LEVELS[level], env.actions.rule_names[rule], admission.value)
 
 
-def best_teacher(env, candidates: list[Teacher]) -> Teacher:
-    """The candidate that serves ``env``'s current episode window best (SLO attainment), by simulation."""
+def best_teacher(env, candidates: list[Teacher], margin: float = 0.0) -> Teacher:
+    """The candidate that serves ``env``'s current episode window best (SLO attainment), by simulation;
+    the first listed (the incumbent) unless another beats it by more than ``margin``."""
     trace, setup = env.sim.trace, env.setup
     scores = [
         setup.simulator(trace).run(teacher_policy(env, c)).metrics["slo_attainment"] for c in candidates
     ]
-    return candidates[int(np.argmax(scores))]  # ties: the first listed
+    best = int(np.argmax(scores))  # ties: the first listed
+    return candidates[best] if scores[best] > scores[0] + margin else candidates[0]
 
 
 class _Acting:
@@ -120,13 +123,15 @@ def collect(
     gamma: float,
     policies: Sequence[str] = (),
     student: OnPolicyAlgorithm | None = None,
+    margin: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Roll the teacher out for ``steps`` env steps; normalised observations, masks, labels, returns.
 
     ``teacher``: ``constant`` (the action ``(level, rule)``) or ``window_best`` (per episode,
     the best of the constant actions with budget levels ``>= level`` x all rules, and the
     named ``policies``; needs a DummyVecEnv).  With ``student``, the student's deterministic
-    actions drive the envs and the teacher only labels the states (DAgger).
+    actions drive the envs and the teacher only labels the states (DAgger).  ``margin``: see
+    :func:`best_teacher` (the first candidate is the first named policy in v3, else budget ``level``).
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
@@ -152,7 +157,7 @@ def collect(
             candidates = list(dict.fromkeys([*named, *candidates]))
         else:
             candidates += list(policies)
-        acting = [_Acting(e, best_teacher(e, candidates)) for e in envs]
+        acting = [_Acting(e, best_teacher(e, candidates, margin)) for e in envs]
     else:
         acting = [_Acting(e, (level, rule)) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
@@ -170,7 +175,7 @@ def collect(
         rows["dones"].append(dones)
         if teacher == "window_best":
             for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
-                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates))
+                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates, margin))
     progress.finish(rounds * n, "env steps")
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)

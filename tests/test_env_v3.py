@@ -24,7 +24,7 @@ from envs.serving.workload import load_workload
 from policies.constant import ConstantAction, constant_action
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
-from policies.imitation import agreement, clone, collect, merge
+from policies.imitation import agreement, best_teacher, clone, collect, merge
 from policies.registry import make_policy, shipped_names
 from policies.training import make_env
 from tests.test_vllm_view import _state as vllm_state
@@ -227,3 +227,19 @@ def test_the_shipped_learned_v3_is_a_v3_policy_by_name(window):
     assert policy.spec["env_id"] == ENV_ID_V3 and policy.name == "learned_v3"
     setup, trace = window
     assert setup.simulator(trace).run(policy).metrics["requests"] == len(trace)
+
+
+def test_window_best_keeps_the_incumbent_unless_another_wins_by_the_margin():
+    env = gym.make(ENV_ID_V3, **{**ENV_KW, "load_scale": 3.0}).unwrapped
+    env.reset(seed=2)
+    candidates = [(11, 5), (12, 5), (6, 1), (7, 1)]  # adaptive_srpf first, the incumbent
+    scores = [
+        env.setup.simulator(env.sim.trace).run(ConstantAction(ACTIONS_V3, c)).metrics["slo_attainment"]
+        for c in candidates
+    ]
+    best = candidates[int(np.argmax(scores))]
+    gain = max(scores) - scores[0]
+    assert gain > 0 and best != candidates[0], scores  # this window: another serves it better
+    assert best_teacher(env, candidates) == best
+    assert best_teacher(env, candidates, margin=gain / 2) == best
+    assert best_teacher(env, candidates, margin=gain) == candidates[0]
