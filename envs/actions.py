@@ -24,6 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cache
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -261,6 +262,33 @@ def _may_block(view: ServingView) -> bool:
         new += not req.running
         blocks += blocks_needed(bs, req, req.target - req.computed)
     return new > view.free_slots or blocks > view.free_blocks
+
+
+class ActionSpace(Protocol):
+    """What the env, the exported-policy runtime and the teachers use of an action spec (both kinds);
+    ``valid`` is the spec's own summary of a state, from :meth:`valid`."""
+
+    @property
+    def nvec(self) -> tuple[int, int]: ...
+
+    @property
+    def rules(self) -> tuple[Rule, ...]: ...
+
+    @property
+    def rule_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    def describe(self) -> dict[str, list[str] | list[int]]: ...
+
+    def valid(self, view: ServingView) -> Any: ...
+
+    def mask(self, view: ServingView, valid: Any = None) -> np.ndarray: ...
+
+    def canonical(self, view: ServingView, a: int, b: int, valid: Any = None) -> tuple[int, int]: ...
+
+    def plan(self, view: ServingView, a: int, b: int, valid: Any = None) -> Plan: ...
 
 
 ACTIONS_V0 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK))

@@ -115,7 +115,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.utils import RecordConstructorArgs
 
-from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3, ActionSpec, TargetActionSpec
+from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3, ActionSpace
 from envs.features import (
     FEATURE_NAMES_V0,
     FEATURE_NAMES_V1,
@@ -154,7 +154,7 @@ class EnvVersion:
     number: int
     features: Callable[[ServingView], np.ndarray]
     feature_names: tuple[str, ...]
-    actions: ActionSpec | TargetActionSpec
+    actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3)
     score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument

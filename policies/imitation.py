@@ -36,13 +36,13 @@ teacher's own.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from sb3_contrib import MaskablePPO
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -148,7 +148,9 @@ def collect(
     n = venv.num_envs
     obs: Any = venv.reset()  # VecEnvObs; a Box observation space makes it an array
     # The ChunkedPrefillEnvs, or placeholders where they live in subprocesses (constant teachers only).
-    envs: list[Any] = [e.unwrapped for e in venv.venv.envs] if dummy else [None] * n
+    envs: list[Any] = (
+        [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
+    )
     if teacher == "window_best":
         n_rules = len(envs[0].actions.rules)
         candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
@@ -190,8 +192,10 @@ def collect(
 
 def _act(student: OnPolicyAlgorithm, obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """The student's deterministic actions (within the masks when it is a MaskablePPO)."""
-    kw = {"action_masks": masks} if "action_masks" in inspect.signature(student.predict).parameters else {}
-    actions, _ = student.predict(obs, deterministic=True, **kw)
+    if isinstance(student, MaskablePPO):
+        actions, _ = student.predict(obs, deterministic=True, action_masks=masks)
+    else:
+        actions, _ = student.predict(obs, deterministic=True)
     return np.asarray(actions)
 
 

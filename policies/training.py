@@ -140,7 +140,7 @@ def make_vec_env(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> 
     """``algo.n_envs`` training envs in one process (dummy) or one process each (subproc)."""
     kwargs = env_kwargs(cfg, workload, start_steps)
     slos = training_slos(cfg)  # env i trains under slos[i % len(slos)]
-    fns = [
+    fns: list[Callable[[], gym.Env]] = [
         functools.partial(make_env, cfg.env.id, {**kwargs, "slo": slos[i % len(slos)]})
         for i in range(cfg.algo.n_envs)
     ]
