@@ -86,14 +86,39 @@ def main(dcfg: DictConfig) -> None:
     elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
         level, rule = a.bc_action
-        data = imitation.collect(venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies)
-        fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, training.is_masked(cfg))
+        data = imitation.collect(
+            venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies, margin=a.bc_margin
+        )
+        masked = training.is_masked(cfg)
+        fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
         log.info(
             "behaviour cloning (%s) on %d samples: %.1f%% agreement",
             a.bc_teacher,
             fit["samples"],
             100 * fit["agreement"],
         )
+        for round_ in range(a.bc_dagger_rounds):  # DAgger: label the states the policy itself reaches
+            own = imitation.collect(
+                venv,
+                a.bc_teacher,
+                level,
+                rule,
+                a.bc_steps,
+                a.gamma,
+                a.bc_policies,
+                student=model,
+                margin=a.bc_margin,
+            )
+            on_policy = imitation.agreement(model, own, masked)
+            data = imitation.merge(data, own)
+            fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
+            log.info(
+                "DAgger round %d: %.1f%% agreement on the policy's own states; refit on %d samples: %.1f%%",
+                round_ + 1,
+                100 * on_policy,
+                fit["samples"],
+                100 * fit["agreement"],
+            )
 
     # ---- callbacks: val evaluation (best model kept), checkpoints (progress: SB3's bar) -------
     windows = training.ValWindows(cfg, workload, setup)

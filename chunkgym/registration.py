@@ -13,12 +13,13 @@ from gymnasium.envs.registration import WrapperSpec
 ENV_ID_V0 = "chunkgym/ChunkedPrefill-v0"
 ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
 ENV_ID_V2 = "chunkgym/ChunkedPrefill-v2"
+ENV_ID_V3 = "chunkgym/ChunkedPrefill-v3"
 ENV_ID = ENV_ID_V2
-"""The newest version: the default of train.py, the leaderboard and the benchmarks."""
+"""The default of train.py, the leaderboard and the benchmarks (v3, the latency-target actions, is opt-in)."""
 
 _ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
 
-for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2)):
+for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3)):
     if _id not in gymnasium.registry:
         gymnasium.register(
             id=_id,

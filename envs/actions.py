@@ -1,4 +1,9 @@
-"""The action space shared by the env, exported policies and the engine: (budget level, rule).
+"""The action spaces shared by the env, exported policies and the engine.
+
+v0-v2: (budget level, rule), :class:`ActionSpec`.  v3: (mode, allocation),
+:class:`TargetActionSpec`: a mode is a budget level or a latency target that
+:func:`baselines.adaptive.adaptive_level` turns into a budget, an allocation a rule and an
+admission, so every Sarathi and adaptive heuristic is one constant action.
 
 Masks keep one representative per distinct plan, so masking never removes a choice:
 
@@ -19,10 +24,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cache
+from typing import Any, Protocol
 
 import numpy as np
 
-from envs.serving.scheduling import Admission, Plan, Rule, ServingView, plan_budget
+from baselines.adaptive import adaptive_level
+from envs.serving.scheduling import Admission, Plan, Rule, ServingView, blocks_needed, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
@@ -59,6 +66,10 @@ class ActionSpec:
     @property
     def rule_names(self) -> tuple[str, ...]:
         return tuple(r.name.lower() for r in self.rules)
+
+    def describe(self) -> dict[str, list[str] | list[int]]:
+        """What an exported policy records of this action space (besides ``nvec``)."""
+        return {"budget_levels": list(BUDGET_LEVELS), "allocation_rules": list(self.rule_names)}
 
     def valid(self, view: ServingView) -> Valid:
         """The highest valid level (the covering one; 0 with no prompt waiting) and whether rules differ."""
@@ -112,9 +123,180 @@ def _plan_key(plan: Plan) -> tuple[bool, tuple[tuple[int, int], ...]]:
     return plan.decode, tuple((req.rid, n) for req, n in plan.chunks)
 
 
+@dataclass(frozen=True)
+class LatencyTarget:
+    """A v3 mode: the largest budget level whose plan the cost model predicts within ``fraction`` x
+    the SLO's TPOT bound (plus, with ``spend_slack``, the least banked TPOT slack, capped by the
+    stall bound): :class:`baselines.Adaptive`'s target, so the action is that heuristic's plan."""
+
+    fraction: float
+    spend_slack: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"target_{self.fraction:g}" + ("_slack" if self.spend_slack else "")
+
+    def seconds(self, view: ServingView) -> float:
+        target = self.fraction * view.slo.tpot_s
+        if not self.spend_slack:
+            return target
+        return min(view.slo.stall_s, target + max(0.0, view.min_tpot_slack()))
+
+
+ValidV3 = tuple[int, bool, bool]
+"""What a state allows in v3: the covering budget level (0 with no prompt waiting), whether the rules
+differ, whether the admissions differ."""
+
+
+@dataclass(frozen=True)
+class TargetActionSpec:
+    """``MultiDiscrete([9 + len(targets), len(rules) * len(admissions)])``: a mode (budget levels
+    64..16384, then the latency ``targets``) and an allocation (``rules[a % n]`` admitted by
+    ``admissions[a // n]``, n = ``len(rules)``).
+
+    Masks keep one action per distinct plan where that is cheap to know: budget levels above the
+    covering one, rules other than the first when at most one prompt waits, admissions other than
+    the first when no waiting prompt can be blocked (every lookahead prompt fits the free slots and
+    KV blocks at once); latency targets stay valid while a prompt waits (which plan they give needs
+    the cost model), and with none waiting only ``(0, 0)`` stays.
+    """
+
+    rules: tuple[Rule, ...]
+    targets: tuple[LatencyTarget, ...]
+    admissions: tuple[Admission, ...] = (Admission.STOP, Admission.SKIP)
+
+    @property
+    def nvec(self) -> tuple[int, int]:
+        return (NUM_LEVELS + len(self.targets), len(self.rules) * len(self.admissions))
+
+    @property
+    def admission(self) -> Admission:
+        """The admission of the budget-level actions with allocation ``< len(rules)`` (Sarathi-Serve's)."""
+        return self.admissions[0]
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        return tuple(f"budget_{b}" for b in BUDGET_LEVELS) + tuple(t.name for t in self.targets)
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        return tuple(r.name.lower() for r in self.rules)
+
+    @property
+    def allocation_names(self) -> tuple[str, ...]:
+        return tuple(f"{r}+{a.value}" for a in self.admissions for r in self.rule_names)
+
+    def describe(self) -> dict[str, list[str] | list[int]]:
+        """What an exported policy records of this action space (besides ``nvec``): every mode and
+        allocation by name, so the manifest says what each action index means."""
+        return {
+            "budget_levels": list(BUDGET_LEVELS),
+            "allocation_rules": list(self.rule_names),
+            "modes": list(self.mode_names),
+            "allocations": list(self.allocation_names),
+        }
+
+    def valid(self, view: ServingView) -> ValidV3:
+        queue = view.queue
+        if not queue:
+            return 0, False, False
+        return covering_level(view), len(queue) > 1, len(queue) > 1 and _may_block(view)
+
+    def mask(self, view: ServingView, valid: ValidV3 | None = None) -> np.ndarray:
+        """Boolean mask over ``sum(nvec)`` entries: modes, then allocations (a fresh array)."""
+        level, rules, admissions = valid or self.valid(view)
+        n_rules, n_modes = len(self.rules), self.nvec[0]
+        mask = np.zeros(sum(self.nvec), dtype=bool)
+        mask[: level + 1] = True
+        if view.queue:
+            mask[NUM_LEVELS:n_modes] = True
+        for a in range(len(self.admissions) if admissions else 1):
+            start = n_modes + a * n_rules
+            mask[start : start + (n_rules if rules else 1)] = True
+        return mask
+
+    def canonical(
+        self, view: ServingView, mode: int, allocation: int, valid: ValidV3 | None = None
+    ) -> tuple[int, int]:
+        """The valid action with the same plan as ``(mode, allocation)``."""
+        level, rules, admissions = valid or self.valid(view)
+        if not view.queue:
+            return 0, 0
+        n_rules = len(self.rules)
+        rule = int(allocation) % n_rules if rules else 0
+        admission = int(allocation) // n_rules if admissions else 0
+        mode = int(mode)
+        return (min(mode, level) if mode < NUM_LEVELS else mode), admission * n_rules + rule
+
+    def plan(self, view: ServingView, mode: int, allocation: int, valid: ValidV3 | None = None) -> Plan:
+        """The plan an action stands for: the shared planner at the mode's budget (or the latency
+        target's adaptive budget), rule and admission."""
+        mode, allocation = self.canonical(view, mode, allocation, valid)
+        n_rules = len(self.rules)
+        rule, admission = self.rules[allocation % n_rules], self.admissions[allocation // n_rules]
+        if mode < NUM_LEVELS:
+            return plan_budget(view, BUDGET_LEVELS[mode], rule, admission=admission)
+        target = self.targets[mode - NUM_LEVELS]
+        return adaptive_level(view, BUDGET_LEVELS, rule, target.seconds(view), admission)[1]
+
+    def action_of(self, mode: str, rule: Rule, admission: Admission) -> tuple[int, int]:
+        """The constant action ``(mode, allocation)`` of a mode name (:attr:`mode_names`), rule and admission;
+        ValueError if this space has no such action."""
+        if mode not in self.mode_names or rule not in self.rules or admission not in self.admissions:
+            raise ValueError(
+                f"no action ({mode}, {rule.name.lower()}, {admission.value}) in modes {self.mode_names}, "
+                f"rules {self.rule_names}, admissions {[a.value for a in self.admissions]}"
+            )
+        return (
+            self.mode_names.index(mode),
+            self.admissions.index(admission) * len(self.rules) + self.rules.index(rule),
+        )
+
+
+def _may_block(view: ServingView) -> bool:
+    """Whether a waiting prompt might fail to start in a plan (so ``stop`` and ``skip`` may differ):
+    not when the free slots and KV blocks hold every lookahead prompt's whole remaining prefill."""
+    bs = view.block_size
+    new = blocks = 0
+    for req in view.lookahead:
+        new += not req.running
+        blocks += blocks_needed(bs, req, req.target - req.computed)
+    return new > view.free_slots or blocks > view.free_blocks
+
+
+class ActionSpace(Protocol):
+    """What the env, the exported-policy runtime and the teachers use of an action spec (both kinds);
+    ``valid`` is the spec's own summary of a state, from :meth:`valid`."""
+
+    @property
+    def nvec(self) -> tuple[int, int]: ...
+
+    @property
+    def rules(self) -> tuple[Rule, ...]: ...
+
+    @property
+    def rule_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    def describe(self) -> dict[str, list[str] | list[int]]: ...
+
+    def valid(self, view: ServingView) -> Any: ...
+
+    def mask(self, view: ServingView, valid: Any = None) -> np.ndarray: ...
+
+    def canonical(self, view: ServingView, a: int, b: int, valid: Any = None) -> tuple[int, int]: ...
+
+    def plan(self, view: ServingView, a: int, b: int, valid: Any = None) -> Plan: ...
+
+
 ACTIONS_V0 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK))
 ACTIONS_V1 = ActionSpec((Rule.FCFS, Rule.SHORTEST_FIRST, Rule.LEAST_SLACK, Rule.SLACK_DOOMED_LAST))
 ACTIONS_V2 = ActionSpec(ACTIONS_V1.rules, Admission.STOP)  # (level, 0) is Sarathi-Serve at that budget
+TARGETS_V3 = tuple(LatencyTarget(f, slack) for slack in (False, True) for f in (0.25, 0.5, 1.0, 2.0))
+ACTIONS_V3 = TargetActionSpec(ACTIONS_V1.rules, TARGETS_V3)
+"""(level, 0) is sarathi_B; (target_1, shortest_first+skip) is adaptive_srpf, (target_1, fcfs+skip) adaptive."""
 
 # The v0 action space under its historical names.
 NVEC = ACTIONS_V0.nvec

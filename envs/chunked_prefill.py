@@ -23,6 +23,14 @@ first that cannot start ends admission; v0 and v1 skip ahead to later prompts th
 fixed-budget Sarathi-Serve (``sarathi_B``) is the constant action ``(level, 0)``; in v0 and
 v1 that action is ``sarathi_B`` with ``admission: skip`` (``sarathi_512_skip``).
 
+From v3, ``MultiDiscrete([17, 8])``: (mode, allocation).  Modes 0-8 are the budget levels;
+modes 9-16 are latency targets, 0.25, 0.5, 1 and 2 x the SLO's TPOT bound, then the same with
+``spend_slack``, each turned into the largest budget level whose plan the cost model predicts
+within it (``baselines.Adaptive``'s planner).  Allocations 0-3 are the four rules with ``stop``
+admission, 4-7 the same with ``skip``.  So every ``sarathi_B`` is ``(level, 0)``, ``adaptive``
+``(11, 4)`` and ``adaptive_srpf`` ``(11, 5)``: each heuristic of ``conf/policy`` that mixes decodes
+and prefill is a constant action (:class:`envs.actions.TargetActionSpec`).
+
 **Masks**: one valid action per distinct plan (see :mod:`envs.actions`), a flat bool
 array of length ``sum(nvec)`` (budget levels, then rules), from ``env.action_masks()``
 (through ``gym.make``'s wrappers too) and in ``info["action_mask"]`` of ``reset()`` and
@@ -32,7 +40,8 @@ same plan, so ignoring masks is safe.
 ## Observation Space
 
 ``Box(-1, 1, (n_features,), float32)``: the features of :mod:`envs.features`
-(``FEATURES_V0``: 16, ``FEATURES_V1``: 26, each documented there).
+(``FEATURES_V0``: 16, ``FEATURES_V1``: 26, ``FEATURES_V3``: 30 with the SLO's bounds; each
+documented there).
 
 ## Rewards
 
@@ -78,6 +87,9 @@ batch timeline of the last iterations (:mod:`envs.render`).
 
 ## Version History
 
+* v3: v2 with the latency-target action space (modes: budget levels and latency targets;
+  allocations: rule x admission, see above), latency targets valid whenever a prompt waits;
+  the 30 features of ``FEATURES_V3`` (v1's plus the SLO bounds); rewards and steps as v2.
 * v2: v1 with Sarathi-Serve's and vLLM V1's admission (``Admission.STOP``): a waiting
   prompt that cannot start ends admission for the iteration; observations, rewards and the
   action space as v1.
@@ -103,8 +115,15 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.utils import RecordConstructorArgs
 
-from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ActionSpec
-from envs.features import FEATURE_NAMES_V0, FEATURE_NAMES_V1, features_v0, features_v1
+from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3, ActionSpace
+from envs.features import (
+    FEATURE_NAMES_V0,
+    FEATURE_NAMES_V1,
+    FEATURE_NAMES_V3,
+    features_v0,
+    features_v1,
+    features_v3,
+)
 from envs.render import ansi_line, timeline_image
 from envs.serving.core import ServingCore
 from envs.serving.loop import StepDecodes
@@ -135,7 +154,7 @@ class EnvVersion:
     number: int
     features: Callable[[ServingView], np.ndarray]
     feature_names: tuple[str, ...]
-    actions: ActionSpec
+    actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3)
     score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument
@@ -145,8 +164,11 @@ VERSIONS: dict[int, EnvVersion] = {
     0: EnvVersion(0, features_v0, FEATURE_NAMES_V0, ACTIONS_V0, score_at_finish, False, ("azure_conv",)),
     1: EnvVersion(1, features_v1, FEATURE_NAMES_V1, ACTIONS_V1, score_at_first_token, True, TRAIN_WORKLOADS),
     2: EnvVersion(2, features_v1, FEATURE_NAMES_V1, ACTIONS_V2, score_at_first_token, True, TRAIN_WORKLOADS),
+    3: EnvVersion(3, features_v3, FEATURE_NAMES_V3, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
 }
-LATEST_VERSION = max(VERSIONS)
+LATEST_VERSION = 2
+"""The default version (``chunkgym.registration.ENV_ID``'s); v3 is opt-in (``env.id``) until the lead
+makes it the default."""
 FORCED = StepDecodes()  # the policy of forced iterations (stateless)
 
 

@@ -187,3 +187,31 @@ def features_v1(view: ServingView) -> np.ndarray:
         np.float32,
         len(FEATURES_V1),
     )
+
+
+FEATURES_V3: tuple[tuple[str, str], ...] = FEATURES_V1 + (
+    ("tpot_bound_ratio", "log(TPOT bound / reference decode latency) / log(64): 0.39 strict, 0.77 relaxed"),
+    ("ttft_factor_log", "log2(TTFT bound factor over the prompt's prefill alone) / 6, clipped to 1"),
+    ("ttft_base_log", "log1p(TTFT bound floor, s) / log1p(30), clipped to 1"),
+    ("decode_latency_tpot", "predicted decode-only iteration latency now / TPOT bound, clipped to 1"),
+)
+FEATURE_NAMES_V3 = tuple(name for name, _ in FEATURES_V3)
+_L64 = math.log(64)
+_L30 = math.log1p(30)
+
+
+def features_v3(view: ServingView) -> np.ndarray:
+    """The v1 features plus the SLO's bounds, so one policy can tell the SLOs apart (``FEATURES_V3``)."""
+    slo = view.slo
+    n_dec = view.num_decode
+    decode = view.predict_latency(n_dec, view.decode_context, (), ()) if n_dec else 0.0
+    extra = np.array(
+        (
+            _unit(math.log(slo.tpot_s / slo.reference_decode_s) / _L64),
+            _unit(math.log2(max(slo.ttft_factor, 1.0)) / 6),
+            _unit(math.log1p(slo.ttft_base_s) / _L30),
+            _unit(decode / slo.tpot_s),
+        ),
+        np.float32,
+    )
+    return np.concatenate((features_v1(view), extra))

@@ -22,7 +22,7 @@ from chunkgym.config import AT_LEAST_ONE, NON_EMPTY, Rule, prefixed, schema, to_
 from chunkgym.tracking import LoggerConfig
 from envs.actions import NUM_LEVELS
 from envs.serving.core import ServingConfig
-from envs.serving.metrics import SLOSpec
+from envs.serving.metrics import SLOSpec, slo_names
 from envs.serving.scheduling import Rule as AllocationRule
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
@@ -72,6 +72,9 @@ class EnvConfig:
     window_s: float | None = 60.0  # trace-seconds per training episode; None = the workload's window_s
     max_steps: int = 200_000
     reward_scale: float = 0.1
+    slos: list[str] = field(
+        default_factory=list
+    )  # more conf/slo names: env i trains under [slo, *slos][i % n]
 
 
 @dataclass
@@ -107,6 +110,12 @@ class AlgoConfig:
     bc_policies: list[str] = field(default_factory=list)
     bc_steps: int = 0
     bc_epochs: int = 10
+    # DAgger rounds after the clone: bc_steps steps each, driven by the policy, labelled by the teacher
+    # (per episode its window's best, as above), merged into the data and refitted (0 = plain cloning).
+    bc_dagger_rounds: int = 0
+    # window_best keeps its first candidate (v3: the first of bc_policies) unless another one's SLO attainment
+    # on the window is higher by more than bc_margin (0: the best, ties to the first)
+    bc_margin: float = 0.0
 
 
 @dataclass
@@ -170,11 +179,17 @@ RULES: dict[str, Rule] = {
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
     "env.tp": AT_LEAST_ONE,
+    "env.slos": Rule(
+        lambda names: all(n in slo_names() for n in names),
+        f"a list of conf/slo names ({', '.join(slo_names())})",
+    ),
     "algo.n_envs": AT_LEAST_ONE,
     "algo.n_steps": AT_LEAST_ONE,
     "algo.batch_size": AT_LEAST_ONE,
     "algo.total_timesteps": AT_LEAST_ONE,
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
+    "algo.bc_dagger_rounds": Rule(lambda v: v >= 0, "an integer >= 0 (0: plain behaviour cloning)"),
+    "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment margin"),
     "eval.seeds": NON_EMPTY,
     "eval.baseline": Rule(
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"

@@ -3,7 +3,7 @@
 An export directory (written by :mod:`policies.export`) holds:
 
 * ``policy.json``: env id and version, feature function and names, action space (nvec,
-  budget levels, allocation rules), network shape, observation normalisation, the
+  budget levels, allocation rules; from v3 the modes and allocations by name too), network shape, observation normalisation, the
   SHA-256 of the other two files, and provenance (config hash, git commit, steps);
 * ``policy.safetensors``: the weights of :class:`PolicyNet`, normalisation included;
 * ``policy.pt2``: the same module as a ``torch.export`` program.
@@ -38,7 +38,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS
 from envs.chunked_prefill import version_of
 from envs.serving.scheduling import Plan, Policy, ServingView
 
@@ -140,7 +139,8 @@ class ExportedPolicy(Policy):
         if self.masked:
             assert mask is not None, "a masked policy is always given the mask (plan())"
             logits[~mask] = -np.inf
-        return int(logits[:NUM_LEVELS].argmax()), int(logits[NUM_LEVELS:].argmax())
+        split = self.net.nvec[0]  # budget levels (v0-v2) or modes (v3), then rules or allocations
+        return int(logits[:split].argmax()), int(logits[split:].argmax())
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Actions for a batch, through the torch module (what ``policy.pt2`` computes)."""
@@ -173,8 +173,7 @@ def env_contract(env_id: Any) -> dict[str, Any]:
         "feature_set": version.features.__name__,
         "feature_names": list(version.feature_names),
         "nvec": list(version.actions.nvec),
-        "budget_levels": list(BUDGET_LEVELS),
-        "allocation_rules": list(version.actions.rule_names),
+        **version.actions.describe(),
     }
 
 

@@ -24,6 +24,14 @@ off the action mask; for a heuristic: :meth:`envs.actions.ActionSpec.action_for`
 labels follow the env's masks exactly.  The policy is fitted
 by masked cross-entropy and the value head by discounted returns of the teacher's own
 rollouts (so PPO's first advantages are not noise).
+
+In ``ChunkedPrefill-v3`` every candidate is a constant action: a named heuristic is the
+action :func:`policies.constant.constant_action` gives it, listed before the budget
+levels, so on a tie the heuristic (``adaptive_srpf`` first in the shipped recipe) is the label,
+and with a ``margin`` it stays the label unless another candidate serves the window clearly better.
+Labels are then state-independent within a window, and ``student`` rollouts (DAgger: the
+states the policy itself reaches, labelled with the window's teacher) cost no more than the
+teacher's own.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from sb3_contrib import MaskablePPO
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from baselines import Adaptive, Sarathi
 from chunkgym.progress import Progress
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.actions import BUDGET_LEVELS, NUM_LEVELS, TargetActionSpec
 from envs.serving.scheduling import Policy
+from policies.constant import ConstantAction, constant_action
 from policies.registry import check_policy_name, make_policy
 
 log = logging.getLogger(__name__)
@@ -62,6 +72,9 @@ def teacher_policy(env, teacher: Teacher) -> Policy:
     """A fresh policy acting as ``teacher`` in ``env``'s action space (its planners admit new
     prompts as the env's version does, so their plans are the env's actions)."""
     admission = env.actions.admission
+    if isinstance(env.actions, TargetActionSpec):  # v3: every candidate is a constant action
+        assert not isinstance(teacher, str), "collect() turns v3's named teachers into actions"
+        return ConstantAction(env.actions, teacher)
     if isinstance(teacher, str):
         policy = make_policy(teacher)
         if isinstance(policy, Sarathi | Adaptive):
@@ -71,13 +84,15 @@ def teacher_policy(env, teacher: Teacher) -> Policy:
     return Sarathi(BUDGET_LEVELS[level], env.actions.rule_names[rule], admission.value)
 
 
-def best_teacher(env, candidates: list[Teacher]) -> Teacher:
-    """The candidate that serves ``env``'s current episode window best (SLO attainment), by simulation."""
+def best_teacher(env, candidates: list[Teacher], margin: float = 0.0) -> Teacher:
+    """The candidate that serves ``env``'s current episode window best (SLO attainment), by simulation;
+    the first listed (the incumbent) unless another beats it by more than ``margin``."""
     trace, setup = env.sim.trace, env.setup
     scores = [
         setup.simulator(trace).run(teacher_policy(env, c)).metrics["slo_attainment"] for c in candidates
     ]
-    return candidates[int(np.argmax(scores))]  # ties: the first listed
+    best = int(np.argmax(scores))  # ties: the first listed
+    return candidates[best] if scores[best] > scores[0] + margin else candidates[0]
 
 
 class _Acting:
@@ -92,6 +107,8 @@ class _Acting:
 
     def label(self, mask: np.ndarray) -> np.ndarray:
         if self.policy is None:
+            if isinstance(self.env.actions, TargetActionSpec):  # modes beyond the levels: the env's own map
+                return np.array(self.env.actions.canonical(self.env.sim.view, *self.teacher), dtype=np.int64)
             return teacher_labels(mask[None], *self.teacher)[0]
         view = self.env.sim.view
         return np.array(self.env.actions.action_for(view, self.policy.plan(view)), dtype=np.int64)
@@ -105,12 +122,16 @@ def collect(
     steps: int,
     gamma: float,
     policies: Sequence[str] = (),
+    student: OnPolicyAlgorithm | None = None,
+    margin: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Roll the teacher out for ``steps`` env steps; normalised observations, masks, labels, returns.
 
     ``teacher``: ``constant`` (the action ``(level, rule)``) or ``window_best`` (per episode,
     the best of the constant actions with budget levels ``>= level`` x all rules, and the
-    named ``policies``; needs a DummyVecEnv).
+    named ``policies``; needs a DummyVecEnv).  With ``student``, the student's deterministic
+    actions drive the envs and the teacher only labels the states (DAgger).  ``margin``: see
+    :func:`best_teacher` (the first candidate is the first named policy in v3, else budget ``level``).
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
@@ -118,8 +139,12 @@ def collect(
         check_policy_name(name)
     if policies and teacher != "window_best":
         raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
-    if teacher == "window_best" and not isinstance(venv.venv, DummyVecEnv):
+    dummy = isinstance(venv.venv, DummyVecEnv)
+    if teacher == "window_best" and not dummy:
         raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
+    v3 = isinstance(venv.get_attr("actions")[0], TargetActionSpec)
+    if (v3 or student is not None) and not dummy:
+        raise ValueError("v3 teachers and DAgger read each env's state: use algo.vec_env=dummy")
     n = venv.num_envs
     obs: Any = venv.reset()  # VecEnvObs; a Box observation space makes it an array
     # The ChunkedPrefillEnvs, or placeholders where they live in subprocesses (constant teachers only).
@@ -129,8 +154,12 @@ def collect(
     if teacher == "window_best":
         n_rules = len(envs[0].actions.rules)
         candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
-        candidates += list(policies)
-        acting = [_Acting(e, best_teacher(e, candidates)) for e in envs]
+        if v3:  # the heuristics as constant actions, first: ties keep them
+            named = [constant_action(envs[0].actions, make_policy(name)) for name in policies]
+            candidates = list(dict.fromkeys([*named, *candidates]))
+        else:
+            candidates += list(policies)
+        acting = [_Acting(e, best_teacher(e, candidates, margin)) for e in envs]
     else:
         acting = [_Acting(e, (level, rule)) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
@@ -143,12 +172,12 @@ def collect(
         rows["obs"].append(obs)
         rows["masks"].append(masks)
         rows["actions"].append(actions)
-        obs, rewards, dones, _ = venv.step(actions)
+        obs, rewards, dones, _ = venv.step(actions if student is None else _act(student, obs, masks))
         rows["rewards"].append(rewards)
         rows["dones"].append(dones)
         if teacher == "window_best":
             for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
-                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates))
+                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates, margin))
     progress.finish(rounds * n, "env steps")
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)
@@ -159,6 +188,20 @@ def collect(
     flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in data.items() if k not in ("rewards", "dones")}
     flat["returns"] = returns.reshape(-1)
     return flat
+
+
+def _act(student: OnPolicyAlgorithm, obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """The student's deterministic actions (within the masks when it is a MaskablePPO)."""
+    if isinstance(student, MaskablePPO):
+        actions, _ = student.predict(obs, deterministic=True, action_masks=masks)
+    else:
+        actions, _ = student.predict(obs, deterministic=True)
+    return np.asarray(actions)
+
+
+def merge(*datasets: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The union of collected datasets (DAgger's aggregation)."""
+    return {k: np.concatenate([d[k] for d in datasets]) for k in datasets[0]}
 
 
 def clone(
@@ -186,8 +229,14 @@ def clone(
             policy.optimizer.step()
     progress.finish(epochs, f"epochs on {n} samples")
     policy.set_training_mode(False)
+    return {"samples": n, "agreement": agreement(model, data, masked)}
+
+
+def agreement(model: OnPolicyAlgorithm, data: dict[str, np.ndarray], masked: bool) -> float:
+    """The fraction of ``data``'s states where the policy's deterministic action is the label."""
+    obs = torch.as_tensor(data["obs"], dtype=torch.float32)
     with torch.no_grad():
-        kw = {"action_masks": masks} if masked else {}
-        dist = policy.get_distribution(obs, **kw)
-        agree = (dist.get_actions(deterministic=True) == actions).all(dim=1).float().mean().item()
-    return {"samples": n, "agreement": agree}
+        kw = {"action_masks": data["masks"]} if masked else {}
+        dist = model.policy.get_distribution(obs, **kw)
+        actions = dist.get_actions(deterministic=True)
+    return float((actions == torch.as_tensor(data["actions"])).all(dim=1).float().mean())

@@ -15,6 +15,7 @@ The goodput of a run is the mean of the windows' ``goodput_rps``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -39,7 +40,8 @@ from torch import nn
 from chunkgym.io import atomic_write_text
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
-from envs.features import FEATURES_V1
+from envs.features import FEATURES_V3
+from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
@@ -81,10 +83,16 @@ RESUMABLE_CHANGES = ("algo.total_timesteps", "logger", "checkpoint", "eval.every
 
 
 # ---- serving setup and envs ----------------------------------------------------------------
-def serving_setup(cfg: TrainConfig) -> ServingSetup:
+def serving_setup(cfg: TrainConfig, slo: SLOSpec | None = None) -> ServingSetup:
+    """The serving setup of the run, under ``slo`` (default: the run's ``slo`` group)."""
     return ServingSetup.from_specs(
-        cfg.model, cfg.hardware, cfg.env.tp, cfg.slo, cfg.env.cost_model, cfg.serving
+        cfg.model, cfg.hardware, cfg.env.tp, slo or cfg.slo, cfg.env.cost_model, cfg.serving
     )
+
+
+def training_slos(cfg: TrainConfig) -> list[SLOSpec]:
+    """The SLOs episodes and val windows run under: the ``slo`` group, then ``env.slos``."""
+    return [cfg.slo, *(load_slo(name) for name in cfg.env.slos)]
 
 
 def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> dict[str, Any]:
@@ -131,7 +139,11 @@ def make_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 def make_vec_env(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> VecEnv:
     """``algo.n_envs`` training envs in one process (dummy) or one process each (subproc)."""
     kwargs = env_kwargs(cfg, workload, start_steps)
-    fns = [lambda: make_env(cfg.env.id, kwargs) for _ in range(cfg.algo.n_envs)]
+    slos = training_slos(cfg)  # env i trains under slos[i % len(slos)]
+    fns: list[Callable[[], gym.Env]] = [
+        functools.partial(make_env, cfg.env.id, {**kwargs, "slo": slos[i % len(slos)]})
+        for i in range(cfg.algo.n_envs)
+    ]
     return DummyVecEnv(fns) if cfg.algo.vec_env is VecEnvKind.dummy else SubprocVecEnv(fns)
 
 
@@ -199,13 +211,14 @@ def best_policy_net(cfg: TrainConfig, run_dir: Path, model: OnPolicyAlgorithm) -
 
 # ---- evaluation on val windows --------------------------------------------------------------
 class ValWindows:
-    """Fixed windows of the val split (one per seed), the same for every evaluation of a run."""
+    """Fixed windows of the val split (one per seed), the same for every evaluation of a run, each
+    served under ``setup`` and under the run's ``env.slos`` too."""
 
     def __init__(self, cfg: TrainConfig, workload: Workload, setup: ServingSetup) -> None:
         e = cfg.eval
         if e.select_by not in EVAL_METRICS:
             raise ValueError(f"eval.select_by must be one of {EVAL_METRICS}, got {e.select_by!r}")
-        self.setup = setup
+        self.setups = [setup, *(serving_setup(cfg, slo) for slo in training_slos(cfg)[1:])]
         self.traces: list[Trace] = []
         for w in [workload, *(Workload.from_name(name, cfg.data_root) for name in e.workloads)]:
             for seed in e.seeds:
@@ -218,7 +231,7 @@ class ValWindows:
 
     def evaluate(self, make_policy: Callable[[], Policy]) -> dict[str, float]:
         """Mean over the windows of each of :data:`EVAL_METRICS` (NaNs skipped)."""
-        runs = [self.setup.simulator(trace).run(make_policy()).metrics for trace in self.traces]
+        runs = [s.simulator(t).run(make_policy()).metrics for s in self.setups for t in self.traces]
         out = {}
         for key in EVAL_METRICS:
             values = [r[key] for r in runs if not math.isnan(r[key])]
@@ -438,7 +451,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
     """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
     slo = setup.slo
     contract = env_contract(cfg.env.id)
-    described = dict(FEATURES_V1)  # v1's features extend v0's
+    described = dict(FEATURES_V3)  # v3's features extend v1's, which extend v0's
     return {
         "env_id": cfg.env.id,
         "env_version": contract["env_version"],
@@ -449,7 +462,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "feature_set": contract["feature_set"],
             "features": [{"name": n, "description": described.get(n, "")} for n in contract["feature_names"]],
         },
-        "action": {k: contract[k] for k in ("nvec", "budget_levels", "allocation_rules")},
+        "action": {k: contract[k] for k in ("nvec", *version_of(cfg.env.id).actions.describe())},
         "reward": "+1 per request meeting its SLO, -1 per request missing it, times reward_scale",
         "reward_scale": cfg.env.reward_scale,
         "setup": {
@@ -469,11 +482,13 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
             "split": "train",
             "load_scale": list(cfg.env.load_scale),
             "window_s": cfg.env.window_s if cfg.env.window_s is not None else cfg.workload.window_s,
+            "slos": [slo.name for slo in training_slos(cfg)],
         },
         "val_windows": {
             "split": "val",
             "workloads": [cfg.workload.name, *cfg.eval.workloads],
             "select_by": cfg.eval.select_by,
+            "slos": [slo.name for slo in training_slos(cfg)],
             "seeds": list(cfg.eval.seeds),
             "load_scale": cfg.eval.load_scale,
             "window_s": cfg.eval.window_s if cfg.eval.window_s is not None else cfg.workload.window_s,

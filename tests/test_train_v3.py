@@ -1,0 +1,67 @@
+"""train.py's additions for ChunkedPrefill-v3: training under several SLOs, DAgger rounds, the recipe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baselines import Sarathi
+from chunkgym.config import ConfigError
+from policies.config import to_train_config
+from policies.training import ValWindows, make_vec_env, serving_setup, training_slos
+from tests.test_train_cli import TINY, _last_json, compose_train, train
+
+V3 = ["env.id=chunkgym/ChunkedPrefill-v3", "algo.bc_teacher=window_best", "algo.bc_action=[8,0]"]
+
+
+def test_env_slos_alternate_over_the_envs_and_the_val_windows_run_under_each():
+    from envs.serving.workload import Workload
+
+    cfg = to_train_config(compose_train(["+experiment=smoke", "env.slos=[relaxed]", "algo.n_envs=3"]))
+    assert [s.name for s in training_slos(cfg)] == ["strict", "relaxed"]
+    venv = make_vec_env(cfg, Workload(cfg.workload))
+    bounds = [e.unwrapped.setup.slo.tpot_s for e in venv.envs]
+    assert bounds[0] == bounds[2] < bounds[1]
+    windows = ValWindows(cfg, Workload(cfg.workload), serving_setup(cfg))
+    assert [s.slo.name for s in windows.setups] == ["strict", "relaxed"]
+    runs: list[str] = []
+
+    class Spy(Sarathi):
+        def reset(self, view) -> None:
+            runs.append(view.slo.name)
+
+    windows.evaluate(Spy)
+    assert runs == ["strict"] * len(windows.traces) + ["relaxed"] * len(windows.traces)
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("env.slos=[tight]", "env.slos=['tight']: must be a list of conf/slo names (relaxed, strict)"),
+        ("algo.bc_dagger_rounds=-1", "algo.bc_dagger_rounds=-1: must be an integer >= 0"),
+    ],
+)
+def test_bad_v3_training_values_are_named_in_one_line(override, line):
+    with pytest.raises(ConfigError) as info:
+        to_train_config(compose_train([override]))
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
+def test_the_learned_v3_recipe_composes_to_v3_with_dagger():
+    cfg = to_train_config(compose_train(["+experiment=learned_v3"]))
+    assert cfg.env.id == "chunkgym/ChunkedPrefill-v3" and cfg.algo.bc_dagger_rounds >= 1
+    assert cfg.algo.bc_policies[0] == "adaptive_srpf"
+
+
+@pytest.mark.slow
+def test_a_tiny_v3_run_clones_runs_dagger_and_exports_a_v3_policy(tmp_path):
+    run_dir = tmp_path / "v3"
+    bc = [*V3, "algo.bc_policies=[adaptive_srpf]", "algo.bc_steps=256", "algo.bc_epochs=2"]
+    proc = train(*TINY, *bc, "algo.bc_dagger_rounds=1", "env.slos=[relaxed]", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "DAgger round 1:" in log and "refit on 512 samples" in log
+    spec = json.loads((run_dir / "export" / "policy.json").read_text())
+    assert spec["env_id"] == "chunkgym/ChunkedPrefill-v3" and spec["nvec"] == [17, 8]
+    assert _last_json(proc.stdout)["val_windows"]["slos"] == ["strict", "relaxed"]
