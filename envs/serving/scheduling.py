@@ -32,9 +32,13 @@ This module imports no implementation: the core imports it, never the reverse.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from itertools import accumulate
 from typing import Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
@@ -302,3 +306,106 @@ def plan_latency(view: ServingView, plan: Plan) -> float:
         [n for _, n in plan.chunks],
         [r.computed for r, _ in plan.chunks],
     )
+
+
+# ---- every budget of one iteration -------------------------------------------------------------
+class BudgetPlans(Protocol):
+    """:func:`plan_budget` (all decodes, skip or stop admission) and :func:`plan_latency` at any
+    budget up to the one it was made for, in one state: what a policy choosing among budget levels
+    (``adaptive``) asks for several budgets per iteration."""
+
+    def latency(self, budget: int) -> float: ...
+
+    def plan(self, budget: int) -> Plan: ...
+
+
+class EachBudget:
+    """Plans every budget asked from scratch: the plain planner, the reference for :class:`BudgetPrefixes`."""
+
+    def __init__(self, view: ServingView, rule: Rule, admission: Admission) -> None:
+        self.view, self.rule, self.admission = view, rule, admission
+
+    def latency(self, budget: int) -> float:
+        return plan_latency(self.view, self.plan(budget))
+
+    def plan(self, budget: int) -> Plan:
+        return plan_budget(self.view, budget, self.rule, admission=self.admission)
+
+
+class BudgetPrefixes:
+    """Every budget up to ``max_budget`` from one planning pass, priced without building plans.
+
+    :func:`plan_budget` reads the budget only as the tokens ``left`` after the decodes: a chunk is
+    cut short by it exactly when the chunks before it and its own would exceed it, and the loop
+    ends there.  So the plan at a smaller budget is the largest plan's chunks up to the first whose
+    running total reaches its ``left``, that one cut to the rest: the same chunks in the same order,
+    and, priced with the same arguments, the same latencies.
+    """
+
+    def __init__(self, view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> None:
+        full = plan_budget(view, max_budget, rule, admission=admission)
+        self._view = view
+        self._max_budget = max_budget
+        self._n_dec = view.num_decode
+        self._decode = full.decode
+        self._chunks = full.chunks
+        self._sizes = [n for _, n in full.chunks]
+        self._ends = list(accumulate(self._sizes))  # prefill tokens up to and including each chunk
+        self._computed = [r.computed for r, _ in full.chunks]
+        self._prices: dict[tuple[int, int], float] = {}
+
+    def _cut(self, budget: int) -> tuple[int, int]:
+        """The chunks kept whole at ``budget`` and the tokens of the one cut after them (0: none)."""
+        if budget > self._max_budget:
+            raise ValueError(f"budget {budget} exceeds the {self._max_budget} these plans were made for")
+        left = budget - self._n_dec
+        if left <= 0:
+            return 0, 0
+        ends = self._ends
+        j = bisect_left(ends, left)  # the first chunk whose running total reaches left
+        if j == len(ends):
+            return j, 0
+        return j, left - (ends[j - 1] if j else 0)
+
+    def latency(self, budget: int) -> float:
+        cut = self._cut(budget)
+        price = self._prices.get(cut)
+        if price is None:
+            j, part = cut
+            sizes, computed = self._sizes[:j], self._computed[: j + 1 if part else j]
+            if part:
+                sizes.append(part)
+            view, n_dec = self._view, self._n_dec  # plan_latency's arguments, in its order
+            price = view.predict_latency(n_dec, view.decode_context if n_dec else 0, sizes, computed)
+            self._prices[cut] = price
+        return price
+
+    def plan(self, budget: int) -> Plan:
+        j, part = self._cut(budget)
+        chunks = self._chunks[:j]
+        if part:
+            chunks.append((self._chunks[j][0], part))
+        return Plan(self._decode, chunks)
+
+
+_ONE_PASS: ContextVar[bool] = ContextVar("one_pass_budgets", default=True)
+
+
+@contextmanager
+def budget_planning(one_pass: bool) -> Iterator[None]:
+    """Within it, :func:`budget_plans` plans all budgets from one pass (``one_pass``, as outside
+    it) or each from scratch (:class:`EachBudget`: the reference path, capacity searches with
+    ``early_stop=False``, and the tests that compare both)."""
+    token = _ONE_PASS.set(one_pass)
+    try:
+        yield
+    finally:
+        _ONE_PASS.reset(token)
+
+
+def budget_plans(view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> BudgetPlans:
+    """Plans and prices at any budget up to ``max_budget`` in ``view``'s current state: from one
+    pass (:class:`BudgetPrefixes`), or each from scratch (see :func:`budget_planning`)."""
+    if _ONE_PASS.get():
+        return BudgetPrefixes(view, max_budget, rule, admission)
+    return EachBudget(view, rule, admission)
