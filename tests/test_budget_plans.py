@@ -4,6 +4,7 @@ states: every rule, both admissions, prefix hits, KV pressure, slot limits; and 
 the same decisions, so its runs are identical with the one-pass planner on and off."""
 
 import random
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from baselines import Adaptive, Sarathi
 from baselines.adaptive import BUDGET_LEVELS, adaptive_level
 from envs.serving.capacity import ProbeRun
+from envs.serving.cost_model import CostModel
+from envs.serving.request import Request
 from envs.serving.scheduling import (
     Admission,
     BudgetPrefixes,
@@ -48,8 +51,82 @@ def workloads(draw):
         "max_num_seqs": draw(st.sampled_from([2, 3, 8, 256])),
         "lookahead": draw(st.sampled_from([1, 3, 64])),
     }
-    budgets = draw(st.lists(st.integers(1, 20_000), min_size=1, max_size=6))
-    return trace, serving, sorted({*budgets, *BUDGET_LEVELS}), draw(st.integers(0, 2**32 - 1))
+    budgets = {*draw(st.lists(st.integers(1, 20_000), min_size=1, max_size=6))}
+    if draw(st.booleans()):  # else the largest budget may be small: its plan ends on the budget
+        budgets |= {*BUDGET_LEVELS}
+    return trace, serving, sorted(budgets), draw(st.integers(0, 2**32 - 1))
+
+
+@dataclass
+class _State:
+    """A hand-drawn serving state with what the planner reads: any mix of running and new prompts
+    (even ones with nothing left), any free KV and slots, not only states a run reaches."""
+
+    queue: list[Request]
+    lookahead: list[Request]
+    num_decode: int
+    decode_context: int
+    num_prefilling: int
+    free_blocks: int
+    free_slots: int
+    block_size: int
+    cost_model: CostModel = field(repr=False)
+    prefill_s_per_token: float = 1e-4
+
+    def predict_latency(self, num_decode, decode_context, query_lens, computed_lens):
+        return self.cost_model.iteration_time(num_decode, decode_context, query_lens, computed_lens)
+
+
+COST_MODEL = make_setup().cost_model
+
+
+@st.composite
+def states(draw):
+    bs = draw(st.sampled_from([1, 16, 32]))
+    queue = []
+    for i in range(draw(st.integers(0, 10))):
+        req = Request(i, draw(st.floats(0.0, 10.0)), draw(st.integers(1, 6000)), 10)
+        req.target = req.prompt_len + draw(st.sampled_from([0, 0, 37]))  # 37: a resumed request
+        req.computed = draw(st.one_of(st.integers(0, req.target), st.just(req.target - 1)))
+        req.running = draw(st.booleans())
+        req.seq = draw(st.integers(-3, 20))  # preempted ones jump ahead; ties keep queue order
+        req.deadline = draw(st.floats(0.0, 20.0))
+        req.violated = draw(st.booleans())
+        queue.append(req)
+    num_decode = draw(st.sampled_from([0, 0, 1, 63, 64, 65, 300, 20_000]))
+    return _State(
+        queue,
+        queue[: draw(st.integers(1, 10))],
+        num_decode,
+        num_decode * draw(st.integers(1, 4000)),
+        sum(r.running for r in queue),
+        draw(st.one_of(st.integers(0, 3), st.integers(0, 600))),
+        draw(st.integers(0, 4)),
+        bs,
+        COST_MODEL,
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    state=states(),
+    budgets=st.lists(st.integers(1, 25_000), min_size=1, max_size=8),
+    target_s=st.sampled_from([0.0, 0.005, 0.02, 0.05, 0.2, 10.0]),
+)
+def test_one_pass_agrees_with_planning_each_budget_in_any_state(state, budgets, target_s):
+    budgets = sorted({*budgets, *BUDGET_LEVELS}) if budgets[0] % 2 else sorted(budgets)
+    for rule, admission in COMBOS:
+        prefixes = BudgetPrefixes(state, budgets[-1], rule, admission)
+        for budget in budgets:
+            ref = plan_budget(state, budget, rule, admission=admission)
+            assert _chunks(prefixes.plan(budget)) == _chunks(ref), (budget, rule, admission)
+            assert prefixes.latency(budget) == plan_latency(state, ref), (budget, rule, admission)
+        both = []
+        for one_pass in (True, False):
+            with budget_planning(one_pass):
+                level, plan = adaptive_level(state, BUDGET_LEVELS, rule, target_s, admission)
+            both.append((level, _chunks(plan)))
+        assert both[0] == both[1], (rule, admission)
 
 
 def _chunks(plan: Plan) -> tuple[bool, list[tuple[int, int]]]:

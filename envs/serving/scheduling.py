@@ -38,7 +38,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from itertools import accumulate
 from typing import Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
@@ -339,20 +338,58 @@ class BudgetPrefixes:
     cut short by it exactly when the chunks before it and its own would exceed it, and the loop
     ends there.  So the plan at a smaller budget is the largest plan's chunks up to the first whose
     running total reaches its ``left``, that one cut to the rest: the same chunks in the same order,
-    and, priced with the same arguments, the same latencies.
+    and, priced with the same arguments, the same latencies.  The pass is :func:`plan_budget`'s
+    loop with the admission arithmetic inlined (tests/test_budget_plans.py checks the two agree).
     """
 
     def __init__(self, view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> None:
-        full = plan_budget(view, max_budget, rule, admission=admission)
-        self._view = view
+        n_dec = view.num_decode
         self._max_budget = max_budget
-        self._n_dec = view.num_decode
-        self._decode = full.decode
-        self._chunks = full.chunks
-        self._sizes = [n for _, n in full.chunks]
-        self._ends = list(accumulate(self._sizes))  # prefill tokens up to and including each chunk
-        self._computed = [r.computed for r, _ in full.chunks]
+        self._n_dec = n_dec
+        self._predict = view.predict_latency
+        self._context = view.decode_context if n_dec else 0  # plan_latency's decode arguments
+        self._reqs: list[Request] = []
+        self._sizes: list[int] = []  # each chunk's tokens at max_budget
+        self._computed: list[int] = []  # each chunk's request's tokens in KV
+        self._ends: list[int] = []  # prefill tokens up to and including each chunk
         self._prices: dict[tuple[int, int], float] = {}
+        left = max_budget - n_dec
+        if left <= 0 or not view.queue:
+            return
+        order = rule_order(view, rule)
+        stop = admission is Admission.STOP
+        self._pass(view, order, left, stop)
+        if stop and not self._reqs and not n_dec and not view.num_prefilling:
+            self._pass(view, order, left, False)  # plan_budget's fallback to skip-ahead
+
+    def _pass(self, view: ServingView, order: Sequence[Request], left: int, stop: bool) -> None:
+        reqs, sizes, computed, ends = self._reqs, self._sizes, self._computed, self._ends
+        bs, free, slots = view.block_size, view.free_blocks, view.free_slots
+        admitting, total = True, 0
+        for req in order:
+            running = req.running
+            if not (running or admitting):
+                continue
+            c = req.computed
+            held = -(-c // bs)
+            room = (held + free) * bs - c  # the most tokens whose KV fits in the free blocks
+            rem = req.target - c
+            if not (rem > 0 and room > 0 if running else slots > 0 and rem <= room):  # may_prefill
+                if stop and not running:
+                    admitting = False
+                continue
+            n = min(rem, left, room)
+            reqs.append(req)
+            sizes.append(n)
+            computed.append(c)
+            total += n
+            ends.append(total)
+            left -= n
+            free -= -(-(c + n) // bs) - held
+            if not running:
+                slots -= 1
+            if left <= 0:
+                break
 
     def _cut(self, budget: int) -> tuple[int, int]:
         """The chunks kept whole at ``budget`` and the tokens of the one cut after them (0: none)."""
@@ -372,20 +409,21 @@ class BudgetPrefixes:
         price = self._prices.get(cut)
         if price is None:
             j, part = cut
-            sizes, computed = self._sizes[:j], self._computed[: j + 1 if part else j]
             if part:
+                sizes = self._sizes[:j]
                 sizes.append(part)
-            view, n_dec = self._view, self._n_dec  # plan_latency's arguments, in its order
-            price = view.predict_latency(n_dec, view.decode_context if n_dec else 0, sizes, computed)
+                price = self._predict(self._n_dec, self._context, sizes, self._computed[: j + 1])
+            else:
+                price = self._predict(self._n_dec, self._context, self._sizes[:j], self._computed[:j])
             self._prices[cut] = price
         return price
 
     def plan(self, budget: int) -> Plan:
         j, part = self._cut(budget)
-        chunks = self._chunks[:j]
+        chunks = list(zip(self._reqs[:j], self._sizes[:j], strict=True))
         if part:
-            chunks.append((self._chunks[j][0], part))
-        return Plan(self._decode, chunks)
+            chunks.append((self._reqs[j], part))
+        return Plan(self._n_dec > 0, chunks)
 
 
 _ONE_PASS: ContextVar[bool] = ContextVar("one_pass_budgets", default=True)
