@@ -22,6 +22,8 @@ partial prefills rarely wait on memory; the core preempts if they ever deadlock.
 happens to the prompts behind one that cannot start is the :class:`Admission` rule: vLLM
 V1 and Sarathi-Serve end admission there, chunkgym's v0/v1 env skips ahead.  The core
 validates plans with the same admission arithmetic, which is why it lives here.
+:func:`budget_plans` gives :func:`plan_budget`'s plans and :func:`plan_latency`'s prices at every
+budget of one iteration from a single pass (``adaptive`` asks for up to five per iteration).
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
 call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.
