@@ -11,8 +11,7 @@ from envs.serving.scheduling import (
     Rule,
     ServingView,
     admission_named,
-    plan_budget,
-    plan_latency,
+    budget_plans,
 )
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
@@ -26,19 +25,18 @@ def adaptive_level(
     admission: Admission = Admission.SKIP,
 ) -> tuple[int, Plan]:
     """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
-    within ``target_s``; its index and plan (the smallest level if none fits)."""
+    within ``target_s``; its index and plan (the smallest level if none fits).  The plans come
+    from :func:`~envs.serving.scheduling.budget_plans`: one planning pass for all levels."""
+    plans = budget_plans(view, levels[-1], rule, admission)
     lo, hi = 0, len(levels) - 1
-    best = plan_budget(view, levels[0], rule, admission=admission)
-    if not view.queue:
-        return 0, best
-    while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
-        mid = (lo + hi + 1) // 2
-        plan = plan_budget(view, levels[mid], rule, admission=admission)
-        if plan_latency(view, plan) <= target_s:
-            lo, best = mid, plan
-        else:
-            hi = mid - 1
-    return lo, best
+    if view.queue:
+        while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
+            mid = (lo + hi + 1) // 2
+            if plans.latency(levels[mid]) <= target_s:
+                lo = mid
+            else:
+                hi = mid - 1
+    return lo, plans.plan(levels[lo])
 
 
 class Adaptive(Policy):

@@ -14,8 +14,9 @@ parallel=1`` is the reference path):
   no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
   to the end and are judged on the summary.
 * core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
-  bookkeeping, and with ``early_stop`` a latency EWMA folded only if read (the reference
-  path's probes run with none of them).
+  bookkeeping, and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
+  every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`).
+  The reference path's probes run with none of them.
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
@@ -36,7 +37,7 @@ from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.early import Attain90Stop
 from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
-from envs.serving.scheduling import Policy
+from envs.serving.scheduling import Policy, budget_planning
 from envs.serving.setup import ServingSetup
 from envs.serving.simulator import Simulator
 from envs.serving.workload import Workload
@@ -82,6 +83,10 @@ class ProbeRun:
     early_stop: bool
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
+        with budget_planning(one_pass=self.early_stop):
+            return self._run(scale, trace)
+
+    def _run(self, scale: float, trace: Trace) -> Probe:
         sim = self.setup.simulator(trace)
         core = sim.core
         if not self.early_stop:

@@ -22,6 +22,8 @@ partial prefills rarely wait on memory; the core preempts if they ever deadlock.
 happens to the prompts behind one that cannot start is the :class:`Admission` rule: vLLM
 V1 and Sarathi-Serve end admission there, chunkgym's v0/v1 env skips ahead.  The core
 validates plans with the same admission arithmetic, which is why it lives here.
+:func:`budget_plans` gives :func:`plan_budget`'s plans and :func:`plan_latency`'s prices at every
+budget of one iteration from a single pass (``adaptive`` asks for up to five per iteration).
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
 call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.
@@ -32,7 +34,10 @@ This module imports no implementation: the core imports it, never the reverse.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Protocol, runtime_checkable
@@ -302,3 +307,145 @@ def plan_latency(view: ServingView, plan: Plan) -> float:
         [n for _, n in plan.chunks],
         [r.computed for r, _ in plan.chunks],
     )
+
+
+# ---- every budget of one iteration -------------------------------------------------------------
+class BudgetPlans(Protocol):
+    """:func:`plan_budget` (all decodes, skip or stop admission) and :func:`plan_latency` at any
+    budget up to the one it was made for, in one state: what a policy choosing among budget levels
+    (``adaptive``) asks for several budgets per iteration."""
+
+    def latency(self, budget: int) -> float: ...
+
+    def plan(self, budget: int) -> Plan: ...
+
+
+class EachBudget:
+    """Plans every budget asked from scratch: the plain planner, the reference for :class:`BudgetPrefixes`."""
+
+    def __init__(self, view: ServingView, rule: Rule, admission: Admission) -> None:
+        self.view, self.rule, self.admission = view, rule, admission
+
+    def latency(self, budget: int) -> float:
+        return plan_latency(self.view, self.plan(budget))
+
+    def plan(self, budget: int) -> Plan:
+        return plan_budget(self.view, budget, self.rule, admission=self.admission)
+
+
+class BudgetPrefixes:
+    """Every budget up to ``max_budget`` from one planning pass, priced without building plans.
+
+    :func:`plan_budget` reads the budget only as the tokens ``left`` after the decodes: a chunk is
+    cut short by it exactly when the chunks before it and its own would exceed it, and the loop
+    ends there.  So the plan at a smaller budget is the largest plan's chunks up to the first whose
+    running total reaches its ``left``, that one cut to the rest: the same chunks in the same order,
+    and, priced with the same arguments, the same latencies.  The pass is :func:`plan_budget`'s
+    loop with the admission arithmetic inlined (tests/test_budget_plans.py checks the two agree).
+    """
+
+    def __init__(self, view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> None:
+        n_dec = view.num_decode
+        self._max_budget = max_budget
+        self._n_dec = n_dec
+        self._predict = view.predict_latency
+        self._context = view.decode_context if n_dec else 0  # plan_latency's decode arguments
+        self._reqs: list[Request] = []
+        self._sizes: list[int] = []  # each chunk's tokens at max_budget
+        self._computed: list[int] = []  # each chunk's request's tokens in KV
+        self._ends: list[int] = []  # prefill tokens up to and including each chunk
+        self._prices: dict[tuple[int, int], float] = {}
+        left = max_budget - n_dec
+        if left <= 0 or not view.queue:
+            return
+        order = rule_order(view, rule)
+        stop = admission is Admission.STOP
+        self._pass(view, order, left, stop)
+        if stop and not self._reqs and not n_dec and not view.num_prefilling:
+            self._pass(view, order, left, False)  # plan_budget's fallback to skip-ahead
+
+    def _pass(self, view: ServingView, order: Sequence[Request], left: int, stop: bool) -> None:
+        reqs, sizes, computed, ends = self._reqs, self._sizes, self._computed, self._ends
+        bs, free, slots = view.block_size, view.free_blocks, view.free_slots
+        admitting, total = True, 0
+        for req in order:
+            running = req.running
+            if not (running or admitting):
+                continue
+            c = req.computed
+            held = -(-c // bs)
+            room = (held + free) * bs - c  # the most tokens whose KV fits in the free blocks
+            rem = req.target - c
+            if not (rem > 0 and room > 0 if running else slots > 0 and rem <= room):  # may_prefill
+                if stop and not running:
+                    admitting = False
+                continue
+            n = min(rem, left, room)
+            reqs.append(req)
+            sizes.append(n)
+            computed.append(c)
+            total += n
+            ends.append(total)
+            left -= n
+            free -= -(-(c + n) // bs) - held
+            if not running:
+                slots -= 1
+            if left <= 0:
+                break
+
+    def _cut(self, budget: int) -> tuple[int, int]:
+        """The chunks kept whole at ``budget`` and the tokens of the one cut after them (0: none)."""
+        if budget > self._max_budget:
+            raise ValueError(f"budget {budget} exceeds the {self._max_budget} these plans were made for")
+        left = budget - self._n_dec
+        if left <= 0:
+            return 0, 0
+        ends = self._ends
+        j = bisect_left(ends, left)  # the first chunk whose running total reaches left
+        if j == len(ends):
+            return j, 0
+        return j, left - (ends[j - 1] if j else 0)
+
+    def latency(self, budget: int) -> float:
+        cut = self._cut(budget)
+        price = self._prices.get(cut)
+        if price is None:
+            j, part = cut
+            if part:
+                sizes = self._sizes[:j]
+                sizes.append(part)
+                price = self._predict(self._n_dec, self._context, sizes, self._computed[: j + 1])
+            else:
+                price = self._predict(self._n_dec, self._context, self._sizes[:j], self._computed[:j])
+            self._prices[cut] = price
+        return price
+
+    def plan(self, budget: int) -> Plan:
+        j, part = self._cut(budget)
+        chunks = list(zip(self._reqs[:j], self._sizes[:j], strict=True))
+        if part:
+            chunks.append((self._reqs[j], part))
+        return Plan(self._n_dec > 0, chunks)
+
+
+_ONE_PASS: ContextVar[bool] = ContextVar("one_pass_budgets", default=True)
+
+
+@contextmanager
+def budget_planning(one_pass: bool) -> Iterator[None]:
+    """Within it, :func:`budget_plans` plans all budgets from one pass (``one_pass``, as outside
+    it) or each from scratch (:class:`EachBudget`: the reference path, capacity searches with
+    ``early_stop=False``, and the tests that compare both)."""
+    token = _ONE_PASS.set(one_pass)
+    try:
+        yield
+    finally:
+        _ONE_PASS.reset(token)
+
+
+def budget_plans(view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> BudgetPlans:
+    """Plans and prices at any budget up to ``max_budget`` in ``view``'s current state: from one
+    pass (:class:`BudgetPrefixes`), or each from scratch (see :func:`budget_planning`)."""
+    if _ONE_PASS.get():
+        return BudgetPrefixes(view, max_budget, rule, admission)
+    return EachBudget(view, rule, admission)
