@@ -14,8 +14,8 @@ ENV_ID_V0 = "chunkgym/ChunkedPrefill-v0"
 ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
 ENV_ID_V2 = "chunkgym/ChunkedPrefill-v2"
 ENV_ID_V3 = "chunkgym/ChunkedPrefill-v3"
-ENV_ID = ENV_ID_V2
-"""The default of train.py, the leaderboard and the benchmarks (v3, the latency-target actions, is opt-in)."""
+ENV_ID = ENV_ID_V3
+"""The newest version: the default of train.py, the leaderboard and the benchmarks."""
 
 _ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
 

@@ -166,9 +166,7 @@ VERSIONS: dict[int, EnvVersion] = {
     2: EnvVersion(2, features_v1, FEATURE_NAMES_V1, ACTIONS_V2, score_at_first_token, True, TRAIN_WORKLOADS),
     3: EnvVersion(3, features_v3, FEATURE_NAMES_V3, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
 }
-LATEST_VERSION = 2
-"""The default version (``chunkgym.registration.ENV_ID``'s); v3 is opt-in (``env.id``) until the lead
-makes it the default."""
+LATEST_VERSION = max(VERSIONS)
 FORCED = StepDecodes()  # the policy of forced iterations (stateless)
 
 

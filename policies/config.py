@@ -63,7 +63,7 @@ class Activation(Choice):
 class EnvConfig:
     """Training episodes (see the env's docstring for each field); fields of v1 and newer say "v1+"."""
 
-    id: str = "chunkgym/ChunkedPrefill-v2"  # the newest; or -v1 (skip-ahead admission), -v0 (iteration steps, 16 features)
+    id: str = "chunkgym/ChunkedPrefill-v3"  # the newest; or -v2 (budget-level actions), -v1 (skip-ahead admission), -v0 (iteration steps, 16 features)
     workloads: list[str] = field(default_factory=list)  # v1+: more workloads to draw episodes from
     common_inputs: bool = False  # v1+: all envs replay the same (workload, window, load) per episode
     tp: int = 1

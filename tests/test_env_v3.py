@@ -25,7 +25,7 @@ from policies.constant import ConstantAction, constant_action
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
 from policies.imitation import agreement, best_teacher, clone, collect, merge
-from policies.registry import make_policy, shipped_names
+from policies.registry import make_policy
 from policies.training import make_env
 from tests.test_vllm_view import _state as vllm_state
 
@@ -221,10 +221,9 @@ def test_v3_teachers_need_in_process_envs():
         v.close()
 
 
-@pytest.mark.skipif("learned_v3" not in shipped_names(), reason="the learned_v3 artefact is not shipped yet")
-def test_the_shipped_learned_v3_is_a_v3_policy_by_name(window):
-    policy = make_policy("learned_v3")
-    assert policy.spec["env_id"] == ENV_ID_V3 and policy.name == "learned_v3"
+def test_the_shipped_learned_is_a_v3_policy_by_name(window):
+    policy = make_policy("learned")
+    assert policy.spec["env_id"] == ENV_ID_V3 and policy.name == "learned"
     setup, trace = window
     assert setup.simulator(trace).run(policy).metrics["requests"] == len(trace)
 

@@ -48,8 +48,8 @@ def test_bad_v3_training_values_are_named_in_one_line(override, line):
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
 
 
-def test_the_learned_v3_recipe_composes_to_v3_with_dagger():
-    cfg = to_train_config(compose_train(["+experiment=learned_v3"]))
+def test_the_learned_recipe_composes_to_v3_with_dagger():
+    cfg = to_train_config(compose_train(["+experiment=learned"]))
     assert cfg.env.id == "chunkgym/ChunkedPrefill-v3" and cfg.algo.bc_dagger_rounds >= 1
     assert cfg.algo.bc_policies[0] == "adaptive_srpf"
 
