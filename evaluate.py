@@ -114,7 +114,7 @@ class EvaluateConfig:
     logger: LoggerConfig = MISSING  # config group conf/logger
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
-    results: str | None = None  # results.csv/json file(s) (a glob pools them) to render instead of evaluating
+    results: str | None = None  # results.csv/json file(s) (a glob pools them, and the capacity.csv beside each) to render instead of evaluating
 
 
 RULES: dict[str, Rule] = {
@@ -314,10 +314,26 @@ def draw(
     return images
 
 
+def pooled_capacity(paths: list[str]) -> pd.DataFrame | None:
+    """The ``capacity.csv`` files beside ``paths`` (the runs' capacity searches), pooled; None if none."""
+    files = [c for c in (Path(p).with_name("capacity.csv") for p in paths) if c.is_file()]
+    if not files:
+        return None
+    frames = []
+    for f in files:
+        frame = pd.read_csv(f)
+        missing = sorted({"policy", "workload", "seed"} - set(frame.columns))
+        if missing:
+            raise ValueError(f"{f}: no column {', '.join(missing)}")
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
 def render(pattern: str, out: Path) -> str:
     """The leaderboard of existing results files (any backend), written to ``out/leaderboard.md``.
 
-    ``pattern`` is one file or a glob (``DIR/seed*/results.csv``: one engine replay per seed, pooled).
+    ``pattern`` is one file or a glob (``DIR/seed*/results.csv``: one engine replay per seed, pooled);
+    the ``capacity.csv`` files beside them are pooled into the capacity table.
     Rows of another backend than the simulator (``python -m engine.replay``) carry it in their
     policy label, so a policy's real and simulated runs rank side by side instead of pooling.
     """
@@ -332,7 +348,7 @@ def render(pattern: str, out: Path) -> str:
     results = results.reset_index(drop=True)
     other = results["backend"] != BACKEND
     results.loc[other, "policy"] = results["policy"][other] + " [" + results["backend"][other] + "]"
-    board = markdown(results, ranking(results))
+    board = markdown(results, ranking(results), pooled_capacity(paths))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "leaderboard.md", board)
     return board

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from chunkgym import REPO_ROOT
+from evaluate import render
 
 CONTRACT_COLUMNS = (
     "policy workload load_scale seed backend hardware model tp slo split requests finished rejected "
@@ -280,3 +281,14 @@ def test_hardware_and_model_are_chosen_by_name(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = read_csv(tmp_path / "results.csv")
     assert (row["hardware"], row["model"]) == ("h100_80gb", "llama2_7b")
+
+
+@pytest.mark.slow
+def test_rendering_a_run_pools_its_capacity_file_into_the_same_board(tiny, tmp_path) -> None:
+    out, _, _ = tiny
+    assert render(str(out / "results.csv"), tmp_path / "board") == (out / "leaderboard.md").read_text()
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "results.csv").write_text((out / "results.csv").read_text())
+    (tmp_path / "runs" / "a" / "capacity.csv").write_text("policy,seed\nfcfs,0\n")
+    with pytest.raises(ValueError, match="capacity.csv: no column workload"):
+        render(str(tmp_path / "runs" / "a" / "results.csv"), tmp_path / "bad")
