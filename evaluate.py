@@ -114,7 +114,7 @@ class EvaluateConfig:
     logger: LoggerConfig = MISSING  # config group conf/logger
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
-    results: str | None = None  # results.csv/json file(s) (a glob pools them, and the capacity.csv beside each) to render instead of evaluating
+    results: str | None = None  # results.csv/json file(s) to render instead of evaluating (a glob pools them)
 
 
 RULES: dict[str, Rule] = {

@@ -227,7 +227,7 @@ def params_of(terms: KneeFit, num_layers: int) -> CostParams:
         head_fixed_s=0.0,
         head_s_per_seq=0.0,
         lin_large_s_per_token=large * per_layer,
-        lin_large_knee_tokens=terms.large_knee if large > 0 else 0.0,
+        lin_large_knee_tokens=terms.large_knee if large > 0 and terms.large_knee is not None else 0.0,
     )
 
 

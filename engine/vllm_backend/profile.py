@@ -22,6 +22,7 @@ the fit's prediction per step and the machine), so a change to the fit can be tr
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import itertools
@@ -188,25 +189,28 @@ def read_samples(path: Path) -> tuple[list[Sample], str]:
     """The steps of a profile saved by :func:`sample_frame`, and where they ran (a plain CSV; nothing is executed)."""
     if not path.is_file():
         raise FileNotFoundError(f"refit: saved profile not found: {path}")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in SAMPLE_COLUMNS if c not in frame.columns]
-    if missing or frame.empty:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        columns = reader.fieldnames or []
+    missing = [c for c in SAMPLE_COLUMNS if c not in columns]
+    if missing or not rows:
         raise ValueError(f"{path}: not a saved vLLM profile (missing columns {missing} or no rows)")
     samples = []
-    for i, r in enumerate(frame.itertuples(index=False), start=2):
+    for i, r in enumerate(rows, start=2):
         try:
             samples.append(
                 Sample(
-                    int(r.num_decode),
-                    int(r.decode_context),
-                    tuple(int(q) for q in r.prefill_tokens.split()),
-                    tuple(int(c) for c in r.prefill_context.split()),
-                    float(r.seconds),
+                    int(r["num_decode"]),
+                    int(r["decode_context"]),
+                    tuple(int(q) for q in r["prefill_tokens"].split()),
+                    tuple(int(c) for c in r["prefill_context"].split()),
+                    float(r["seconds"]),
                 )
             )
         except ValueError as exc:
             raise ValueError(f"{path}: line {i}: {exc}") from None
-    machines = set(frame["machine"]) if "machine" in frame.columns else {"a machine not recorded"}
+    machines = {r["machine"] for r in rows} if "machine" in columns else {"a machine not recorded"}
     return samples, "; ".join(sorted(machines))
 
 
