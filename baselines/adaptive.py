@@ -17,6 +17,17 @@ from envs.serving.scheduling import (
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
 
 
+def latency_target_s(view: ServingView, fraction: float, spend_slack: bool) -> float:
+    """The latency the next iteration may take: ``fraction`` x the SLO's TPOT bound, plus, with
+    ``spend_slack``, the least TPOT slack a stream still meeting its SLO has banked, capped by the
+    stall bound (:class:`Adaptive`'s target, and a v3 env action's)."""
+    target = fraction * view.slo.tpot_s
+    if not spend_slack:
+        return target
+    slack = view.min_tpot_slack()  # inf when no stream can still meet its SLO
+    return min(view.slo.stall_s, target + max(0.0, slack))
+
+
 def adaptive_level(
     view: ServingView,
     levels: Sequence[int],
@@ -69,19 +80,7 @@ class Adaptive(Policy):
         self.levels = tuple(sorted(levels))
         self.admission = admission_named(admission)
         self.name = "adaptive"
-        self._target = 0.0
-        self._stall = 0.0
-
-    def reset(self, view: ServingView) -> None:
-        self._target = self.target_fraction * view.slo.tpot_s
-        self._stall = view.slo.stall_s
-
-    def target_s(self, view: ServingView) -> float:
-        """The latency the next iteration may take."""
-        if not self.spend_slack:
-            return self._target
-        slack = view.min_tpot_slack()  # inf when no stream can still meet its SLO
-        return min(self._stall, self._target + max(0.0, slack))
 
     def plan(self, view: ServingView) -> Plan:
-        return adaptive_level(view, self.levels, self.rule, self.target_s(view), self.admission)[1]
+        target = latency_target_s(view, self.target_fraction, self.spend_slack)
+        return adaptive_level(view, self.levels, self.rule, target, self.admission)[1]

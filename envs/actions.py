@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from baselines.adaptive import adaptive_level
+from baselines.adaptive import adaptive_level, latency_target_s
 from envs.serving.scheduling import Admission, Plan, Rule, ServingView, blocks_needed, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
@@ -137,10 +137,7 @@ class LatencyTarget:
         return f"target_{self.fraction:g}" + ("_slack" if self.spend_slack else "")
 
     def seconds(self, view: ServingView) -> float:
-        target = self.fraction * view.slo.tpot_s
-        if not self.spend_slack:
-            return target
-        return min(view.slo.stall_s, target + max(0.0, view.min_tpot_slack()))
+        return latency_target_s(view, self.fraction, self.spend_slack)
 
 
 ValidV3 = tuple[int, bool, bool]
