@@ -3,7 +3,7 @@
 import functools
 import random
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -74,6 +74,41 @@ def test_speculative_search_visits_the_sequential_probe_sequence(searches, rel_t
         reference = capacity_search(functools.partial(_outcome, seed, boundary, noise), rel_tol=rel_tol)
         assert result == reference  # scale, bracket and every (scale, outcome), in order
         assert {s for s, _ in reference.evaluations} <= set(probes)
+
+
+class InFlightPool(CountingPool):
+    """Also records how many submitted probes had not finished at each submission."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.pending: list[Future] = []
+        self.in_flight: list[int] = []
+
+    def submit(self, fn, scale, trace):
+        self.pending = [f for f in self.pending if not f.done()]
+        future = super().submit(fn, scale, trace)
+        self.pending.append(future)
+        self.in_flight.append(len(self.pending))
+        return future
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 10**6), st.floats(0.001, 2000.0)), min_size=2, max_size=4),
+    st.sampled_from([0.05, 0.3]),
+)
+def test_probes_queued_ahead_of_a_busy_worker_are_only_ones_the_searches_make(searches, rel_tol):
+    # One worker, one probe queued behind it: only the searches' next probes, so none is speculative.
+    runs = [functools.partial(_probe, seed, boundary, 0.0) for seed, boundary in searches]
+    with InFlightPool(1) as pool:
+        found = speculative_search([FakeQuery(rel_tol)] * len(searches), runs, pool, 1, ahead=1)
+    for result, probes in found:
+        assert set(probes) == {s for s, _ in result.evaluations}
+    assert max(pool.in_flight) <= 2
+    assert 2 in pool.in_flight  # a second search's next probe waited behind the first
+    with InFlightPool(1) as pool:
+        speculative_search([FakeQuery(rel_tol)] * len(searches), runs, pool, 1, ahead=0)
+    assert max(pool.in_flight) == 1
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from chunkgym import backends
 from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
@@ -55,6 +55,7 @@ class Probe:
     decided_early: bool  # the run stopped as soon as the outcome was proven
     requests_decided: int  # requests known good or bad when it stopped (all of them at the end)
     requests: int
+    seconds: float = field(default=0.0, compare=False)  # CPU seconds it took (to order searches by)
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,10 @@ class ProbeRun:
     early_stop: bool
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
+        start = time.process_time()
         with budget_planning(one_pass=self.early_stop):
-            return self._run(scale, trace)
+            probe = self._run(scale, trace)
+        return replace(probe, seconds=time.process_time() - start)
 
     def _run(self, scale: float, trace: Trace) -> Probe:
         sim = self.setup.simulator(trace)
@@ -183,8 +186,9 @@ def measure_capacities(
 
     ``parallel``: probes in flight, on ``executor`` (None: a local process pool of that many
     workers; ``with chunkgym.backends.executor("ray", parallel) as pool``: a Ray cluster's tasks);
-    the searches' next probes go first, then speculative ones, nearest first.
-    ``parallel=1`` runs the searches one after the other, each probe here when asked for.
+    the searches' next probes go first, then speculative ones, nearest first, and up to
+    ``parallel`` more of the searches' next probes wait queued behind them (see
+    :func:`speculative_search`).  ``parallel=1`` runs the searches one after the other, each probe here when asked for.
     """
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
@@ -215,6 +219,7 @@ def speculative_search(
     runs: Sequence[Callable[[float, Trace], Probe]],
     executor: Executor,
     width: int,
+    ahead: int | None = None,
 ) -> list[tuple[CapacityResult, dict[float, Probe]]]:
     """:func:`metrics.capacity_search` for each query with up to ``width`` probes in flight.
 
@@ -222,15 +227,19 @@ def speculative_search(
     The executor is the backend: anything whose ``submit`` returns futures (a local process
     pool, or :class:`chunkgym.backends.RayExecutor`'s tasks).  Probes nearer the searches'
     current state go first, and among those of one depth the slowest search's (by its probes'
-    mean seconds so far; a search with none yet counts as slowest), so that the long searches
-    start at once and the short ones fill the gaps; the order changes no outcome.  Probes
-    pending when the search ends are cancelled (a process pool drops the queued ones; Ray also
-    stops the running ones).
+    mean CPU seconds so far; a search with none yet counts as slowest), so that the long searches
+    start at once and the short ones fill the gaps; the order changes no outcome.  Besides,
+    up to ``ahead`` (None: ``width``) more of the searches' next probes wait in the executor's
+    queue, so a worker that finishes starts the next one at once instead of idling while this
+    process hears of it, picks and sends another; only probes the sequential searches make for
+    sure wait there, never speculative ones.  Probes pending when the search ends are cancelled
+    (a process pool drops the queued ones; Ray also stops the running ones).
     """
+    ahead = width if ahead is None else ahead
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
-    running: dict[tuple[int, float], tuple[Future[Probe], float]] = {}  # and its start time
-    seconds: list[list[float]] = [[] for _ in queries]  # each query's finished probes' durations
+    running: dict[tuple[int, float], Future[Probe]] = {}
+    seconds: list[list[float]] = [[] for _ in queries]  # each query's finished probes' CPU seconds
 
     def priority(item: tuple[int, int, float]) -> tuple[int, float]:
         took = seconds[item[1]]
@@ -247,21 +256,23 @@ def speculative_search(
                 continue
             frontiers.append(_frontier(i, state, done[i], rel_tol=query.rel_tol))
         if len(results) == len(queries):
-            for future, _ in running.values():
+            for future in running.values():
                 future.cancel()
             return [(results[i], done[i]) for i in range(len(queries))]
-        for _, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width else ():
+        for depth, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width + ahead else ():
             if (i, scale) in running:
                 continue
+            if depth and len(running) >= width:
+                break  # the rest are speculative: they run only on an idle worker
             trace = queries[i].trace_at(scale)
-            running[i, scale] = executor.submit(runs[i], scale, trace), time.perf_counter()
-            if len(running) >= width:
+            running[i, scale] = executor.submit(runs[i], scale, trace)
+            if len(running) >= width + ahead:
                 break
-        finished, _ = wait([f for f, _ in running.values()], return_when=FIRST_COMPLETED)
-        for (i, scale), (future, start) in list(running.items()):
+        finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
+        for (i, scale), future in list(running.items()):
             if future in finished:
-                done[i][scale] = future.result()
-                seconds[i].append(time.perf_counter() - start)
+                done[i][scale] = probe = future.result()
+                seconds[i].append(probe.seconds)
                 del running[i, scale]
 
 
