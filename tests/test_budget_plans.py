@@ -230,6 +230,33 @@ def test_adaptive_runs_are_identical_with_the_one_pass_planner_on_and_off(
     assert all(a == b or (a != a and b != b) for a, b in zip(m_on.values(), m_off.values(), strict=True))
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=workloads(),
+    rule=st.sampled_from([r.name.lower() for r in Rule]),
+    fraction=st.sampled_from([0.5, 1e4]),  # 1e4: every level fits, so the chosen one was priced
+)
+def test_a_plan_adaptive_priced_runs_for_the_price_the_clock_would_give_it(case, rule, fraction):
+    trace, serving, _, _ = case
+    sim = make_sim(trace, **serving)
+    clock = sim.executor
+    cost = sim.cost.iteration_time
+    priced = []
+
+    def execute(batch, start):
+        if batch.latency is not None:
+            shape = [q for _, q, _ in batch.chunks], [c for _, _, c in batch.chunks]
+            priced.append(batch.latency == cost(batch.num_decode, batch.decode_context, *shape))
+        return type(clock).execute(clock, batch, start)
+
+    clock.execute = execute
+    sim.run(Adaptive(fraction, rule))
+    assert all(priced)
+    assert priced or fraction < 1 or len(sim.core.rejected) == len(trace)  # unless no prompt was served
+    with budget_planning(one_pass=False):
+        assert adaptive_level(sim.view, BUDGET_LEVELS, Rule.FCFS, 0.1)[1].latency is None
+
+
 def test_a_head_waiting_on_prefixes_pinned_behind_it_falls_back_to_skip_at_every_budget():
     # tests/test_admission.py's scenario: nothing runs and the STOP head waits only on prefix
     # blocks the prompt behind it pins, so plan_budget plans as SKIP; the one pass must too.

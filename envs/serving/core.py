@@ -83,6 +83,7 @@ class Batch:
     num_decode: int
     decode_context: int  # KV tokens the decodes attend to, summed
     chunks: list[tuple[Request, int, int]]  # (request, query tokens, tokens already in KV)
+    latency: float | None = None  # the plan's price (Plan.latency): predict_latency of this batch
 
 
 class DecodeGroup:
@@ -543,7 +544,8 @@ class ServingCore:
                 free -= need
                 chunks.append((req, n, computed))
         kv.allocate(total)
-        return Batch(dec.n if run_decode else 0, dec.context_sum(dec.clock) if run_decode else 0, chunks)
+        n_dec = dec.n if run_decode else 0
+        return Batch(n_dec, dec.context_sum(dec.clock) if n_dec else 0, chunks, plan.latency)
 
     def _start(self, req: Request) -> None:
         req.running = True

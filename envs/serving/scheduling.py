@@ -77,10 +77,16 @@ def admission_named(name: str) -> Admission:
 
 @dataclass
 class Plan:
-    """One iteration's work: step every decode (or none), plus prefill chunks."""
+    """One iteration's work: step every decode (or none), plus prefill chunks.
+
+    ``latency``: the planner's price for it, :meth:`ServingView.predict_latency` of exactly this
+    batch in the state it was planned in, when the planner priced it anyway (:class:`BudgetPrefixes`);
+    the simulator's clock then takes it rather than pricing the batch again.  None: not priced.
+    """
 
     decode: bool
     chunks: list[tuple[Request, int]] = field(default_factory=list)
+    latency: float | None = field(default=None, compare=False)
 
     @property
     def prefill_tokens(self) -> int:
@@ -421,11 +427,12 @@ class BudgetPrefixes:
         return price
 
     def plan(self, budget: int) -> Plan:
+        """The plan at ``budget``, with its price if :meth:`latency` computed it (``Plan.latency``)."""
         j, part = self._cut(budget)
         chunks = list(zip(self._reqs[:j], self._sizes[:j], strict=True))
         if part:
             chunks.append((self._reqs[j], part))
-        return Plan(self._n_dec > 0, chunks)
+        return Plan(self._n_dec > 0, chunks, self._prices.get((j, part)))
 
 
 _ONE_PASS: ContextVar[bool] = ContextVar("one_pass_budgets", default=True)

@@ -41,6 +41,11 @@ class CostModelClock:
         return t
 
     def execute(self, batch: Batch, start: float) -> tuple[float, float]:
+        """The batch's cost-model latency; a batch its planner priced (``Batch.latency``) keeps that
+        price, the same number: the planner asked the core's cost model, which is this one (see
+        :class:`Simulator`), with the same arguments."""
+        if batch.latency is not None:
+            return start + batch.latency, batch.latency
         chunks = batch.chunks
         queries: Sequence[int]
         computed: Sequence[int]
@@ -168,6 +173,7 @@ class Simulator(ServingLoop):
         self.cost = cost_model
         self.slo = slo
         core = ServingCore.for_trace(trace, model, hardware, cost_model, slo, config, tp)
+        # One cost model for the core's predictions and the clock: a plan's price is its latency.
         super().__init__(core, CostModelClock(cost_model), trace.span_s)
 
     def fork(self, keep_log: bool = True) -> Simulator:
