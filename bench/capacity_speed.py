@@ -6,9 +6,10 @@ hardware, strict SLO.  Baseline: ``early_stop=False, parallel=1`` (the reference
 every probe runs to the end, with the core's shortcuts off and every budget level planned from
 scratch, and is judged on its summary); fast: probes decided from the SLO counters (stopped once
 proven, no iteration log, no summary, the core's shortcuts on: :data:`envs.serving.core.PROBE_SHORTCUTS`,
-all budget levels of an iteration from one pass: :func:`envs.serving.scheduling.budget_plans`) and the speculative search
-over ``--parallel`` worker processes (default: the cores this process may use), one pool
-shared by the whole grid, the slowest searches' probes first.
+all budget levels of an iteration from one pass: :func:`envs.serving.scheduling.budget_plans`, whose plans carry
+their price to the clock) and the speculative search over ``--parallel`` worker processes (default: the
+cores this process may use), one pool shared by the whole grid, the slowest searches' probes first,
+one more of the searches' next probes queued behind each running one.
 
     python bench/capacity_speed.py [--parallel N]
 

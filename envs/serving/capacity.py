@@ -15,12 +15,14 @@ parallel=1`` is the reference path):
   to the end and are judged on the summary.
 * core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
   bookkeeping, and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
-  every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`).
-  The reference path's probes run with none of them.
+  every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`),
+  whose plans carry the price it computed, so the clock does not price them again
+  (``Plan.latency``).  The reference path's probes run with none of them.
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
-  on the same probe sequence and finds the same bracket, bit for bit.
+  on the same probe sequence and finds the same bracket, bit for bit.  Behind the running
+  probes, as many of the searches' next probes wait queued, so no worker idles between two.
 """
 
 from __future__ import annotations
