@@ -64,11 +64,12 @@ def _probe(seed: int, boundary: float, noise: float, scale: float, trace: None) 
     ),
     st.sampled_from([0.01, 0.05, 0.3]),
     st.integers(2, 5),
+    st.integers(0, 3),
 )
-def test_speculative_search_visits_the_sequential_probe_sequence(searches, rel_tol, width):
+def test_speculative_search_visits_the_sequential_probe_sequence(searches, rel_tol, width, ahead):
     runs = [functools.partial(_probe, *s) for s in searches]
     with CountingPool(width) as pool:
-        found = speculative_search([FakeQuery(rel_tol)] * len(searches), runs, pool, width)
+        found = speculative_search([FakeQuery(rel_tol)] * len(searches), runs, pool, width, ahead)
     assert len(pool.submitted) == len(set(pool.submitted))  # no probe runs twice
     for (seed, boundary, noise), (result, probes) in zip(searches, found, strict=True):
         reference = capacity_search(functools.partial(_outcome, seed, boundary, noise), rel_tol=rel_tol)

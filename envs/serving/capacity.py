@@ -188,9 +188,10 @@ def measure_capacities(
 
     ``parallel``: probes in flight, on ``executor`` (None: a local process pool of that many
     workers; ``with chunkgym.backends.executor("ray", parallel) as pool``: a Ray cluster's tasks);
-    the searches' next probes go first, then speculative ones, nearest first, and up to
-    ``parallel`` more of the searches' next probes wait queued behind them (see
-    :func:`speculative_search`).  ``parallel=1`` runs the searches one after the other, each probe here when asked for.
+    the searches' next probes go first, then speculative ones, nearest first; in the local pool
+    up to ``parallel`` more of the searches' next probes wait queued behind them (``ahead``, see
+    :func:`speculative_search`).  ``parallel=1`` runs the searches one after the other, each
+    probe here when asked for.
     """
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
@@ -199,7 +200,7 @@ def measure_capacities(
         return [q.capacity(*_sequential(q, run)) for q, run in zip(queries, runs, strict=True)]
     if executor is None:
         with backends.executor("local", parallel) as pool:
-            found = speculative_search(queries, runs, pool, parallel)
+            found = speculative_search(queries, runs, pool, parallel, ahead=parallel)
     else:
         found = speculative_search(queries, runs, executor, parallel)
     return [q.capacity(*f) for q, f in zip(queries, found, strict=True)]
@@ -221,7 +222,7 @@ def speculative_search(
     runs: Sequence[Callable[[float, Trace], Probe]],
     executor: Executor,
     width: int,
-    ahead: int | None = None,
+    ahead: int = 0,
 ) -> list[tuple[CapacityResult, dict[float, Probe]]]:
     """:func:`metrics.capacity_search` for each query with up to ``width`` probes in flight.
 
@@ -231,13 +232,12 @@ def speculative_search(
     current state go first, and among those of one depth the slowest search's (by its probes'
     mean CPU seconds so far; a search with none yet counts as slowest), so that the long searches
     start at once and the short ones fill the gaps; the order changes no outcome.  Besides,
-    up to ``ahead`` (None: ``width``) more of the searches' next probes wait in the executor's
-    queue, so a worker that finishes starts the next one at once instead of idling while this
-    process hears of it, picks and sends another; only probes the sequential searches make for
-    sure wait there, never speculative ones.  Probes pending when the search ends are cancelled
+    up to ``ahead`` more of the searches' next probes wait in the executor's queue (for an
+    executor of ``width`` workers), so a worker that finishes starts the next one at once
+    instead of idling while this process hears of it, picks and sends another; only probes the
+    sequential searches make for sure wait there, never speculative ones.  Probes pending when the search ends are cancelled
     (a process pool drops the queued ones; Ray also stops the running ones).
     """
-    ahead = width if ahead is None else ahead
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
     running: dict[tuple[int, float], Future[Probe]] = {}
