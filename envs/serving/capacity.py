@@ -234,21 +234,29 @@ def speculative_search(
     start at once and the short ones fill the gaps; the order changes no outcome.  Besides,
     up to ``ahead`` more of the searches' next probes wait in the executor's queue (for an
     executor of ``width`` workers), so a worker that finishes starts the next one at once
-    instead of idling while this process hears of it, picks and sends another; only probes the
-    sequential searches make for sure wait there, never speculative ones.  Probes pending when the search ends are cancelled
-    (a process pool drops the queued ones; Ray also stops the running ones).
+    instead of idling while this process hears of it, picks and sends another: only probes the
+    sequential searches make for sure, never speculative ones, and the quickest searches' first,
+    so that a long search's next probe, queued after them, waits behind little.  Probes pending
+    when the search ends are cancelled (a process pool drops the queued ones; Ray also stops the
+    running ones).
     """
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
     running: dict[tuple[int, float], Future[Probe]] = {}
     seconds: list[list[float]] = [[] for _ in queries]  # each query's finished probes' CPU seconds
 
+    def mean_seconds(i: int) -> float:
+        took = seconds[i]
+        return sum(took) / len(took) if took else math.inf
+
     def priority(item: tuple[int, int, float]) -> tuple[int, float]:
-        took = seconds[item[1]]
-        return item[0], -sum(took) / len(took) if took else -math.inf
+        return item[0], -mean_seconds(item[1])
+
+    def submit(i: int, scale: float) -> None:
+        running[i, scale] = executor.submit(runs[i], scale, queries[i].trace_at(scale))
 
     while True:
-        frontiers = []
+        frontiers, nexts = [], []
         for i, query in enumerate(queries):
             if i in results:
                 continue
@@ -256,20 +264,23 @@ def speculative_search(
             if isinstance(state, CapacityResult):
                 results[i] = state
                 continue
-            frontiers.append(_frontier(i, state, done[i], rel_tol=query.rel_tol))
+            history, scale = state
+            frontiers.append(_frontier(i, history, done[i], rel_tol=query.rel_tol))
+            nexts.append((i, scale))
         if len(results) == len(queries):
             for future in running.values():
                 future.cancel()
             return [(results[i], done[i]) for i in range(len(queries))]
-        for depth, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width + ahead else ():
-            if (i, scale) in running:
-                continue
-            if depth and len(running) >= width:
-                break  # the rest are speculative: they run only on an idle worker
-            trace = queries[i].trace_at(scale)
-            running[i, scale] = executor.submit(runs[i], scale, trace)
-            if len(running) >= width + ahead:
-                break
+        for _, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width else ():
+            if (i, scale) not in running:
+                submit(i, scale)
+                if len(running) >= width:
+                    break
+        # Queued behind the running ones: the quickest searches' next probes, so a freed worker
+        # starts at once and a long search's next probe, queued after them, waits behind little.
+        waiting = sorted((mean_seconds(i), i, scale) for i, scale in nexts if (i, scale) not in running)
+        for _, i, scale in waiting[: max(0, width + ahead - len(running))]:
+            submit(i, scale)
         finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
         for (i, scale), future in list(running.items()):
             if future in finished:
@@ -278,14 +289,15 @@ def speculative_search(
                 del running[i, scale]
 
 
-def _follow(done: dict[float, Probe], **search: float) -> list[bool] | CapacityResult:
-    """The sequential search's outcomes so far (up to its first unknown probe), or its result."""
+def _follow(done: dict[float, Probe], **search: float) -> tuple[list[bool], float] | CapacityResult:
+    """The sequential search's outcomes so far (up to its first unknown probe) and that probe's
+    scale, or its result."""
     history: list[bool] = []
     nxt = _after(history, **search)
     while not isinstance(nxt, CapacityResult) and nxt in done:
         history.append(done[nxt].passed)
         nxt = _after(history, **search)
-    return nxt if isinstance(nxt, CapacityResult) else history
+    return nxt if isinstance(nxt, CapacityResult) else (history, nxt)
 
 
 def _after(outcomes: list[bool], **search: float) -> float | CapacityResult:
