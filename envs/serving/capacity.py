@@ -232,17 +232,17 @@ def speculative_search(
     current state go first, and among those of one depth the slowest search's (by its probes'
     mean CPU seconds so far; a search with none yet counts as slowest), so that the long searches
     start at once and the short ones fill the gaps; the order changes no outcome.  Besides,
-    up to ``ahead`` more of the searches' next probes wait in the executor's queue (for an
-    executor of ``width`` workers), so a worker that finishes starts the next one at once
-    instead of idling while this process hears of it, picks and sends another: only probes the
-    sequential searches make for sure, never speculative ones, and the quickest searches' first,
-    so that a long search's next probe, queued after them, waits behind little.  Probes pending
-    when the search ends are cancelled (a process pool drops the queued ones; Ray also stops the
-    running ones).
+    a buffer of up to ``ahead`` more probes waits in the executor's queue (for an executor of
+    ``width`` workers that runs them in order), so a worker that finishes starts one at once
+    instead of idling while this process hears of it, picks and sends another: the quickest
+    searches' next probes (never speculative ones), so that a long search's next probe, sent
+    when its last one ends, waits behind little.  Probes pending when the search ends are
+    cancelled (a process pool drops the queued ones; Ray also stops the running ones).
     """
     done: list[dict[float, Probe]] = [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
     running: dict[tuple[int, float], Future[Probe]] = {}
+    buffered: set[tuple[int, float]] = set()  # those of them submitted as the buffer (``ahead``)
     seconds: list[list[float]] = [[] for _ in queries]  # each query's finished probes' CPU seconds
 
     def mean_seconds(i: int) -> float:
@@ -271,22 +271,29 @@ def speculative_search(
             for future in running.values():
                 future.cancel()
             return [(results[i], done[i]) for i in range(len(queries))]
-        for _, i, scale in heapq.merge(*frontiers, key=priority) if len(running) < width else ():
+        picked = len(running) - len(buffered)
+        for depth, i, scale in heapq.merge(*frontiers, key=priority) if picked < width else ():
+            if depth and len(running) >= width:
+                break  # speculative probes run only on a worker that would idle
             if (i, scale) not in running:
                 submit(i, scale)
-                if len(running) >= width:
+                picked += 1
+                if picked >= width:
                     break
-        # Queued behind the running ones: the quickest searches' next probes, so a freed worker
-        # starts at once and a long search's next probe, queued after them, waits behind little.
+        # The buffer: the quickest searches' next probes, queued behind those, so a freed worker
+        # starts one at once, and a long search's next probe, submitted when its last one ends,
+        # waits behind little.
         waiting = sorted((mean_seconds(i), i, scale) for i, scale in nexts if (i, scale) not in running)
-        for _, i, scale in waiting[: max(0, width + ahead - len(running))]:
+        for _, i, scale in waiting[: max(0, ahead - len(buffered))]:
             submit(i, scale)
+            buffered.add((i, scale))
         finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
         for (i, scale), future in list(running.items()):
             if future in finished:
                 done[i][scale] = probe = future.result()
                 seconds[i].append(probe.seconds)
                 del running[i, scale]
+                buffered.discard((i, scale))
 
 
 def _follow(done: dict[float, Probe], **search: float) -> tuple[list[bool], float] | CapacityResult:
