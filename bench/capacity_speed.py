@@ -9,7 +9,7 @@ proven, no iteration log, no summary, the core's shortcuts on: :data:`envs.servi
 all budget levels of an iteration from one pass: :func:`envs.serving.scheduling.budget_plans`, whose plans carry
 their price to the clock) and the speculative search over ``--parallel`` worker processes (default: the
 cores this process may use), one pool shared by the whole grid, the slowest searches' probes first,
-one more of the searches' next probes queued behind each running one.
+with the quickest searches' next probes queued behind them (one per worker).
 
     python bench/capacity_speed.py [--parallel N]
 

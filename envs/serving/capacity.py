@@ -21,8 +21,9 @@ parallel=1`` is the reference path):
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
-  on the same probe sequence and finds the same bracket, bit for bit.  Behind the running
-  probes, as many of the searches' next probes wait queued, so no worker idles between two.
+  on the same probe sequence and finds the same bracket, bit for bit.  In the local pool the
+  quickest searches' next probes wait queued behind the running ones, so no worker idles
+  between two probes and a long search's next one waits behind little.
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ def measure_capacities(
     ``parallel``: probes in flight, on ``executor`` (None: a local process pool of that many
     workers; ``with chunkgym.backends.executor("ray", parallel) as pool``: a Ray cluster's tasks);
     the searches' next probes go first, then speculative ones, nearest first; in the local pool
-    up to ``parallel`` more of the searches' next probes wait queued behind them (``ahead``, see
-    :func:`speculative_search`).  ``parallel=1`` runs the searches one after the other, each
+    up to ``parallel`` more of the quickest searches' next probes wait queued behind them
+    (``ahead``, see :func:`speculative_search`).  ``parallel=1`` runs the searches one after the other, each
     probe here when asked for.
     """
     if parallel < 1:
