@@ -3,19 +3,23 @@
     python bench/sim_speed.py [env_steps=50000]
 
 Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded times
-(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0` and `-v1` with random
+(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0`, `-v1` and `-v3` with random
 valid actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
 trace and scheduler (~8.2k iterations/s, so ~328k iterations); the ratios are printed
 beside ours.  The replay runs twice: with the calibrated cost model (the default, the
 JSON's main fields, with its TTFT and TBT medians as ``ttft_p50_s`` and ``tbt_p50_s``) and
-with the uncalibrated roofline v0.  The env's step rate is timed for v0 (one step per iteration) and v1 (one
-step per decision, forced iterations run in between) on the same workload, load and
-seed.  The last stdout line is one JSON object.
+with the uncalibrated roofline v0.  The env's step rate is timed for v0 (one step per iteration),
+v1 (one step per decision, forced iterations run in between) and v3 (the default env: v1's steps,
+latency-target actions) on the same workload, load and seed, back to back, with the engine
+iterations each simulated per second and v1's rate over v0's (``env_v1_over_v0``: the target is
+>= 1; on a shared machine only ratios of one run compare).  The last stdout line is one JSON object,
+with the load average over the run (``load_avg``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -30,10 +34,12 @@ from chunkgym.cli import hydra_cli
 from chunkgym.config import AT_LEAST_ONE
 from envs.chunked_prefill import ChunkedPrefillEnv
 from envs.serving.setup import ServingSetup
+from envs.serving.simulator import Simulator
 from envs.serving.workload import load_workload
 from envs.serving.workloads.trace import Trace
 from policies.registry import make_policy
 
+ENV_IDS = {"v0": envs.ENV_ID_V0, "v1": envs.ENV_ID_V1, "v3": envs.ENV_ID_V3}
 VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
 VIDUR_TTFT_P50_S = 40.4e-3
@@ -54,21 +60,27 @@ def vidur_setup(cost_model: str) -> ServingSetup:
     return ServingSetup.from_names("llama2_7b", "h100_80gb", 1, "strict", cost_model)
 
 
-def env_steps_per_s(env_id: str, steps: int, cost_model: str) -> float:
-    """Steps per second of ``env_id`` on azure_conv at load 1, seed 0, with random valid actions."""
+def env_rates(env_id: str, steps: int, cost_model: str) -> tuple[float, float]:
+    """Steps and engine iterations simulated per second of ``env_id`` on azure_conv at load 1,
+    seed 0, with random valid actions."""
     env = gym.make(env_id, cost_model=cost_model, workload="azure_conv", load_scale=1.0)
     rng = np.random.default_rng(0)
     env.reset(seed=0)
-    mask_of = cast(ChunkedPrefillEnv, env.unwrapped).action_masks
+    inner = cast(ChunkedPrefillEnv, env.unwrapped)
+    mask_of, split = inner.action_masks, inner.actions.nvec[0]
     picks = rng.random((steps, 2))
+    iterations = -len(cast(Simulator, inner.sim).log)  # those before the first step are not timed
     start = time.perf_counter()
     for i in range(steps):
         m = mask_of()
-        levels, rules = np.flatnonzero(m[:9]), np.flatnonzero(m[9:])
-        action = (levels[int(picks[i, 0] * len(levels))], rules[int(picks[i, 1] * len(rules))])
+        modes, allocations = np.flatnonzero(m[:split]), np.flatnonzero(m[split:])
+        action = (modes[int(picks[i, 0] * len(modes))], allocations[int(picks[i, 1] * len(allocations))])
         if env.step(action)[3]:
+            iterations += len(cast(Simulator, inner.sim).log)
             env.reset()
-    return steps / (time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    iterations += len(cast(Simulator, inner.sim).log)
+    return steps / wall, iterations / wall
 
 
 @dataclass
@@ -81,6 +93,7 @@ class Options:
 @hydra_cli(Options, "sim_speed", {"env_steps": AT_LEAST_ONE})
 def main(args: Options) -> None:
     chunkgym.require_own_packages()
+    load_start = os.getloadavg()[0]
 
     trace = native_trace()
     runs = {}
@@ -102,11 +115,15 @@ def main(args: Options) -> None:
             f"{result.metrics['ttft_p50_s'] * 1e3:.1f} ms (Vidur {VIDUR_TTFT_P50_S * 1e3:.1f}), TBT P50 "
             f"{result.metrics['tbt_p50_s'] * 1e3:.2f} ms (Vidur {VIDUR_TBT_P50_S * 1e3:.1f})"
         )
-    print(f"env: {args.env_steps:,} random valid steps of v0, then v1 ...", file=sys.stderr, flush=True)
-    steps = env_steps_per_s(envs.ENV_ID_V0, args.env_steps, "calibrated")
-    print(f"env v0: {steps:,.0f} steps/s with random valid actions (target 20,000)")
-    steps_v1 = env_steps_per_s(envs.ENV_ID_V1, args.env_steps, "calibrated")
-    print(f"env v1: {steps_v1:,.0f} decision steps/s with random valid actions (target: v0's)")
+    print(f"env: {args.env_steps:,} random valid steps of v0, v1, then v3 ...", file=sys.stderr, flush=True)
+    rates = {v: env_rates(env_id, args.env_steps, "calibrated") for v, env_id in ENV_IDS.items()}
+    (steps, its), (steps_v1, its_v1), (steps_v3, its_v3) = rates["v0"], rates["v1"], rates["v3"]
+    print(f"env v0: {steps:,.0f} steps/s with random valid actions (target 20,000), {its:,.0f} iterations/s")
+    print(
+        f"env v1: {steps_v1:,.0f} decision steps/s with random valid actions ({steps_v1 / steps:.2f}x v0's; "
+        f"target 1x), {its_v1:,.0f} iterations/s"
+    )
+    print(f"env v3: {steps_v3:,.0f} decision steps/s with random valid actions, {its_v3:,.0f} iterations/s")
     iterations, wall = runs["calibrated"]
     rf_iterations, rf_wall = runs["roofline"]
     print(
@@ -118,12 +135,18 @@ def main(args: Options) -> None:
                 "requests": len(trace),
                 "env_steps_per_s": steps,
                 "env_v1_steps_per_s": steps_v1,
+                "env_v3_steps_per_s": steps_v3,
+                "env_v1_over_v0": steps_v1 / steps,
+                "env_iterations_per_s": its,
+                "env_v1_iterations_per_s": its_v1,
+                "env_v3_iterations_per_s": its_v3,
                 "vidur_loop_speedup": VIDUR_LOOP_S / wall,
                 "roofline_iterations": rf_iterations,
                 "roofline_wall_s": rf_wall,
                 "roofline_iterations_per_s": rf_iterations / rf_wall,
                 "ttft_p50_s": latency["calibrated"][0],
                 "tbt_p50_s": latency["calibrated"][1],
+                "load_avg": (load_start + os.getloadavg()[0]) / 2,
             }
         )
     )

@@ -23,24 +23,24 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from typing import Any, Protocol
 
 import numpy as np
 
 from baselines.adaptive import adaptive_level, latency_target_s
+from envs.lookahead import Lookahead
 from envs.serving.scheduling import Admission, Plan, Rule, ServingView, blocks_needed, plan_budget
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
 
 
-def covering_level(view: ServingView) -> int:
-    """Index of the smallest budget level that fits every decode and all waiting prefill work."""
-    work = view.num_decode
-    for req in view.lookahead:
-        work += req.target - req.computed
-    return min(bisect_left(BUDGET_LEVELS, work), NUM_LEVELS - 1)
+def covering_level(view: ServingView, look: Lookahead | None = None) -> int:
+    """Index of the smallest budget level that fits every decode and all waiting prefill work
+    (summed by ``look``, the lookahead's scan of this state, when the caller has one)."""
+    pending = sum(r.target - r.computed for r in view.lookahead) if look is None else look.pending
+    return min(bisect_left(BUDGET_LEVELS, view.num_decode + pending), NUM_LEVELS - 1)
 
 
 Valid = tuple[int, bool]
@@ -53,7 +53,8 @@ class ActionSpec:
     planned with ``admission``.
 
     The methods taking ``valid`` accept :meth:`valid` of the same state from a caller that
-    already has it (the env computes it once per step, for the mask and the next plan).
+    already has it (the env computes it once per step, for the mask and the next plan), and
+    :meth:`valid` accepts the lookahead's scan (:func:`envs.lookahead.scan_lookahead`) likewise.
     """
 
     rules: tuple[Rule, ...]
@@ -71,10 +72,10 @@ class ActionSpec:
         """What an exported policy records of this action space (besides ``nvec``)."""
         return {"budget_levels": list(BUDGET_LEVELS), "allocation_rules": list(self.rule_names)}
 
-    def valid(self, view: ServingView) -> Valid:
+    def valid(self, view: ServingView, look: Lookahead | None = None) -> Valid:
         """The highest valid level (the covering one; 0 with no prompt waiting) and whether rules differ."""
         queued = len(view.queue)
-        return (covering_level(view) if queued else 0), queued > 1
+        return (covering_level(view, look) if queued else 0), queued > 1
 
     def mask(self, view: ServingView, valid: Valid | None = None) -> np.ndarray:
         """Boolean mask over ``sum(nvec)`` entries: budget levels, then rules (a fresh array)."""
@@ -193,19 +194,36 @@ class TargetActionSpec:
             "allocations": list(self.allocation_names),
         }
 
-    def valid(self, view: ServingView) -> ValidV3:
+    def valid(self, view: ServingView, look: Lookahead | None = None) -> ValidV3:
         queue = view.queue
         if not queue:
             return 0, False, False
-        return covering_level(view), len(queue) > 1, len(queue) > 1 and _may_block(view)
+        many = len(queue) > 1
+        return covering_level(view, look), many, many and _may_block(view, look)
 
     def mask(self, view: ServingView, valid: ValidV3 | None = None) -> np.ndarray:
         """Boolean mask over ``sum(nvec)`` entries: modes, then allocations (a fresh array)."""
         level, rules, admissions = valid or self.valid(view)
+        mask: np.ndarray = self._masks[level, 1 if view.queue else 0, int(rules), int(admissions)].copy()
+        return mask
+
+    @cached_property
+    def _masks(self) -> np.ndarray:
+        """Every mask there is, indexed ``[level, a prompt waits, rules differ, admissions differ]``
+        (the env asks for one every step)."""
+        masks = np.zeros((NUM_LEVELS, 2, 2, 2, sum(self.nvec)), dtype=bool)
+        for level, queued, rules, admissions in np.ndindex(masks.shape[:4]):
+            masks[level, queued, rules, admissions] = self._mask_of(
+                level, bool(queued), bool(rules), bool(admissions)
+            )
+        return masks
+
+    def _mask_of(self, level: int, queued: bool, rules: bool, admissions: bool) -> np.ndarray:
+        """The mask of a state whose :meth:`valid` is ``(level, rules, admissions)``."""
         n_rules, n_modes = len(self.rules), self.nvec[0]
         mask = np.zeros(sum(self.nvec), dtype=bool)
         mask[: level + 1] = True
-        if view.queue:
+        if queued:
             mask[NUM_LEVELS:n_modes] = True
         for a in range(len(self.admissions) if admissions else 1):
             start = n_modes + a * n_rules
@@ -250,14 +268,18 @@ class TargetActionSpec:
         )
 
 
-def _may_block(view: ServingView) -> bool:
+def _may_block(view: ServingView, look: Lookahead | None = None) -> bool:
     """Whether a waiting prompt might fail to start in a plan (so ``stop`` and ``skip`` may differ):
-    not when the free slots and KV blocks hold every lookahead prompt's whole remaining prefill."""
-    bs = view.block_size
-    new = blocks = 0
-    for req in view.lookahead:
-        new += not req.running
-        blocks += blocks_needed(bs, req, req.target - req.computed)
+    not when the free slots and KV blocks hold every lookahead prompt's whole remaining prefill
+    (summed by ``look`` when the caller has it)."""
+    if look is None:
+        bs = view.block_size
+        new = blocks = 0
+        for req in view.lookahead:
+            new += not req.running
+            blocks += blocks_needed(bs, req, req.target - req.computed)
+    else:
+        new, blocks = look.new, look.blocks
     return new > view.free_slots or blocks > view.free_blocks
 
 
@@ -279,7 +301,7 @@ class ActionSpace(Protocol):
 
     def describe(self) -> dict[str, list[str] | list[int]]: ...
 
-    def valid(self, view: ServingView) -> Any: ...
+    def valid(self, view: ServingView, look: Lookahead | None = None) -> Any: ...
 
     def mask(self, view: ServingView, valid: Any = None) -> np.ndarray: ...
 

@@ -107,7 +107,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import gymnasium as gym
 import numpy as np
@@ -124,6 +124,7 @@ from envs.features import (
     features_v1,
     features_v3,
 )
+from envs.lookahead import Lookahead, scan_lookahead
 from envs.render import ansi_line, timeline_image
 from envs.serving.core import ServingCore
 from envs.serving.loop import StepDecodes
@@ -147,12 +148,21 @@ def score_at_first_token(core: ServingCore) -> int:
     return core.n_credited - core.n_uncredited - core.n_bad
 
 
+class Features(Protocol):
+    """A feature set of :mod:`envs.features`: the observation of a state, from its lookahead scan
+    when the caller has one (the env scans once per step, for the features and the mask)."""
+
+    __name__: str
+
+    def __call__(self, view: ServingView, look: Lookahead | None = None) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class EnvVersion:
     """What one registered version fixes; everything else is an argument of the env."""
 
     number: int
-    features: Callable[[ServingView], np.ndarray]
+    features: Features
     feature_names: tuple[str, ...]
     actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3)
     score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
@@ -300,8 +310,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._advance()
         self._steps = 0
         self._score = 0
-        self._valid = self.actions.valid(self.sim.view)
-        self._mask = self.actions.mask(self.sim.view, self._valid)
+        obs = self._observe()
         info = {
             "requests": len(trace),
             "load_scale": load,
@@ -309,14 +318,14 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
             "now": self.sim.core.now,
             "action_mask": self._mask,
         }
-        return self._obs(), info
+        return obs, info
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         sim = self.sim
         if sim is None:
             raise RuntimeError("call reset() before step()")
         core = sim.core
-        latency = sim.step(self.actions.plan(sim.view, int(action[0]), int(action[1]), self._valid))
+        latency = sim.step(self.actions.plan(core, int(action[0]), int(action[1]), self._valid))
         more = self._advance()
         self._steps += 1
         score = self.version.score(core)
@@ -324,23 +333,21 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._score = score
         n = len(core.requests)
         truncated = (core.n_good + core.n_bad == n) or not more or self._steps >= self.max_steps
-        log = sim.log
-        self._valid = valid = self.actions.valid(sim.view)
-        # A fresh array: info and action_masks() share it.
-        self._mask = mask = self.actions.mask(sim.view, valid)
+        columns = sim.log.cols
+        obs = self._observe()
         info: dict[str, Any] = {
             "now": core.now,
             "latency": latency,
-            "decode_tokens": log["decode_tokens"][-1],
-            "prefill_tokens": log["prefill_tokens"][-1],
+            "decode_tokens": columns["decode_tokens"][-1],
+            "prefill_tokens": columns["prefill_tokens"][-1],
             "good": core.n_good,
             "bad": core.n_bad,
             "requests": n,
-            "action_mask": mask,
+            "action_mask": self._mask,
         }
         if truncated:
             info["serving"] = sim.result().metrics
-        return self._obs(), float(reward), False, truncated, info
+        return obs, float(reward), False, truncated, info
 
     def action_masks(self) -> np.ndarray:
         """Valid actions for sb3-contrib's MaskablePPO: budget levels, then rules (``info["action_mask"]``)."""
@@ -368,18 +375,30 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         return self.sim.advance_to_work()
 
     def _advance_to_decision(self) -> bool:
-        """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided."""
-        assert self.sim is not None, "only called after reset()"
-        return self.sim.run_until(FORCED, stop=self._decision_due)
+        """Run forced iterations (no prompt waiting) until a decision matters or all requests are decided.
+
+        Most steps run none (a prompt still waits after the agent's iteration), so that is checked
+        once before the loop is entered (which admits and checks again, finding nothing to do)."""
+        sim = self.sim
+        assert sim is not None, "only called after reset()"
+        if not sim.advance_to_work():
+            return False
+        return self._decision_due() or sim.run_until(FORCED, stop=self._decision_due)
 
     def _decision_due(self) -> bool:
         assert self.sim is not None, "only called after reset()"
         core = self.sim.core
         return bool(core.queue) or core.n_good + core.n_bad == len(core.requests)
 
-    def _obs(self) -> np.ndarray:
+    def _observe(self) -> np.ndarray:
+        """The observation of the state the agent now sees; sets the valid actions and the mask of that
+        state (a fresh array, shared by ``info`` and :meth:`action_masks`) from the same lookahead scan."""
         assert self.sim is not None, "only called after reset()"
-        return self.version.features(self.sim.view)
+        view = self.sim.view
+        look = scan_lookahead(view)
+        self._valid = valid = self.actions.valid(view, look)
+        self._mask = self.actions.mask(view, valid)
+        return self.version.features(view, look)
 
 
 class ActionMasks(gym.Wrapper, RecordConstructorArgs):

@@ -4,16 +4,18 @@ Computed from a :class:`~envs.serving.scheduling.ServingView` alone, so the simu
 the env and the real engine (and any other scheduler that implements the view) produce
 identical features for identical states.  Each feature is
 squashed into [-1, 1] (log scales for token counts; ratios to the SLO bounds for
-times), which is what the Box observation space declares.  Cost: O(lookahead).
+times), which is what the Box observation space declares.  Cost: one pass over the lookahead
+(:func:`envs.lookahead.scan_lookahead`, which the env shares with the action masks) and a cost-model
+prediction or two.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
+from envs.lookahead import Lookahead, scan_lookahead
 from envs.serving.scheduling import ServingView
 
 FEATURES_V0: tuple[tuple[str, str], ...] = (
@@ -48,62 +50,20 @@ def _unit(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
-def features_v0(view: ServingView) -> np.ndarray:
-    return np.fromiter(_values_v0(view, _scan(view)), np.float32, len(FEATURES_V0))
+def features_v0(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
+    """``FEATURES_V0``; ``look``: this state's lookahead scan, if the caller has one (the env does)."""
+    look = scan_lookahead(view) if look is None else look
+    return np.fromiter(_values_v0(view, look), np.float32, len(FEATURES_V0))
 
 
-class Scan(NamedTuple):
-    """The lookahead's sums both feature sets read ("alive": prompts that can still meet TTFT)."""
-
-    size: int
-    pending: int
-    shortest: int
-    min_slack: float
-    oldest: float  # earliest arrival
-    doomed: int
-    alive: int
-    alive_pending: int
-    alive_shortest: int
-
-
-def _scan(view: ServingView) -> Scan:
-    """The lookahead's sums for both feature sets, in one pass (features run every step)."""
-    now = view.now
-    per_token = view.prefill_s_per_token
-    pending = shortest = doomed = alive = alive_pending = alive_shortest = 0
-    min_slack = 1.0
-    oldest = now
-    look = view.lookahead
-    for r in look:
-        left = r.target - r.computed
-        pending += left
-        if not shortest or left < shortest:
-            shortest = left
-        bound = r.ttft_bound
-        slack = (r.deadline - now - per_token * left) / bound
-        if slack < min_slack:
-            min_slack = slack
-        arrival = r.arrival
-        if arrival < oldest:
-            oldest = arrival
-        violated = r.violated
-        doomed += violated
-        if not violated and now - arrival <= bound:
-            alive += 1
-            alive_pending += left
-            if not alive_shortest or left < alive_shortest:
-                alive_shortest = left
-    return Scan(len(look), pending, shortest, min_slack, oldest, doomed, alive, alive_pending, alive_shortest)
-
-
-def _values_v0(view: ServingView, scan: Scan) -> tuple[float, ...]:
-    """The v0 features as Python floats (v1 extends them before the one float32 conversion)."""
+def _values_v0(view: ServingView, look: Lookahead) -> tuple[float, ...]:
+    """The v0 features as Python floats (v1 and v3 append theirs before the one float32 conversion)."""
     now = view.now
     slo = view.slo
     seqs = view.max_num_seqs
     queue = view.queue
     n_dec = view.num_decode
-    n_look, pending, shortest, min_slack, oldest, doomed = scan[:6]  # the fields v0 reads
+    n_look, pending, shortest, min_slack, oldest, doomed = look[:6]  # the fields v0 reads
     if queue:
         head = queue[0]
         head_left = head.target - head.computed
@@ -154,10 +114,15 @@ FEATURE_NAMES_V1 = tuple(name for name, _ in FEATURES_V1)
 _L256 = math.log1p(256)
 
 
-def features_v1(view: ServingView) -> np.ndarray:
+def features_v1(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
     """The v0 features plus SLO-risk, doomed-work and prediction features (see ``FEATURES_V1``)."""
-    scan = _scan(view)
-    pending, alive, alive_pending, alive_shortest = scan.pending, *scan[6:]  # the alive fields
+    look = scan_lookahead(view) if look is None else look
+    return np.fromiter(_values_v0(view, look) + _values_v1(view, look), np.float32, len(FEATURES_V1))
+
+
+def _values_v1(view: ServingView, look: Lookahead) -> tuple[float, ...]:
+    """What v1 appends to the v0 features, as Python floats."""
+    pending, alive, alive_pending, alive_shortest = look.pending, *look[6:9]  # the alive fields
     now = view.now
     slo = view.slo
     n_dec = view.num_decode
@@ -170,22 +135,17 @@ def features_v1(view: ServingView) -> np.ndarray:
         (pending,) if pending else (),
         (0,) if pending else (),
     )
-    return np.fromiter(
-        _values_v0(view, scan)
-        + (
-            -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
-            view.num_decode_doomed / n_dec if n_dec else 0.0,
-            _unit((now - view.last_decode_time) / slo.tpot_s / 4) if n_dec else 0.0,
-            _unit(math.log1p(alive) / _L1024),
-            _unit(math.log1p(alive_pending) / _L20),
-            _unit(math.log1p(alive_shortest) / _L17),
-            view.prefix_hit_ewma,
-            _unit(demand / max(free, 1) / 2),
-            _unit(latency / slo.tpot_s / 8),
-            _unit(math.log1p(n_dec) / _L256),
-        ),
-        np.float32,
-        len(FEATURES_V1),
+    return (
+        -1.0 if slack < -1.0 else 1.0 if slack > 1.0 else slack,
+        view.num_decode_doomed / n_dec if n_dec else 0.0,
+        _unit((now - view.last_decode_time) / slo.tpot_s / 4) if n_dec else 0.0,
+        _unit(math.log1p(alive) / _L1024),
+        _unit(math.log1p(alive_pending) / _L20),
+        _unit(math.log1p(alive_shortest) / _L17),
+        view.prefix_hit_ewma,
+        _unit(demand / max(free, 1) / 2),
+        _unit(latency / slo.tpot_s / 8),
+        _unit(math.log1p(n_dec) / _L256),
     )
 
 
@@ -200,18 +160,21 @@ _L64 = math.log(64)
 _L30 = math.log1p(30)
 
 
-def features_v3(view: ServingView) -> np.ndarray:
+def features_v3(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
     """The v1 features plus the SLO's bounds, so one policy can tell the SLOs apart (``FEATURES_V3``)."""
+    look = scan_lookahead(view) if look is None else look
+    values = _values_v0(view, look) + _values_v1(view, look) + _values_v3(view)
+    return np.fromiter(values, np.float32, len(FEATURES_V3))
+
+
+def _values_v3(view: ServingView) -> tuple[float, ...]:
+    """What v3 appends to the v1 features, as Python floats."""
     slo = view.slo
     n_dec = view.num_decode
     decode = view.predict_latency(n_dec, view.decode_context, (), ()) if n_dec else 0.0
-    extra = np.array(
-        (
-            _unit(math.log(slo.tpot_s / slo.reference_decode_s) / _L64),
-            _unit(math.log2(max(slo.ttft_factor, 1.0)) / 6),
-            _unit(math.log1p(slo.ttft_base_s) / _L30),
-            _unit(decode / slo.tpot_s),
-        ),
-        np.float32,
+    return (
+        _unit(math.log(slo.tpot_s / slo.reference_decode_s) / _L64),
+        _unit(math.log2(max(slo.ttft_factor, 1.0)) / 6),
+        _unit(math.log1p(slo.ttft_base_s) / _L30),
+        _unit(decode / slo.tpot_s),
     )
-    return np.concatenate((features_v1(view), extra))
