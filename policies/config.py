@@ -27,6 +27,7 @@ from envs.serving.scheduling import Rule as AllocationRule
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
 from envs.serving.workload import WorkloadSpec
+from policies.constant import is_action_name
 from policies.registry import is_policy_name, policy_names
 
 SCHEMA_NAME = "train_schema"
@@ -104,7 +105,8 @@ class AlgoConfig:
     # Behaviour-cloning warm start (policies/imitation.py) on bc_steps env steps before PPO (0 = off):
     # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
     # of each episode's window in hindsight among constant actions (budget levels >= bc_action[0], every
-    # rule) and the policies named in bc_policies (heuristics whose plans the action space expresses).
+    # rule) and the policies named in bc_policies (heuristics whose plans the action space expresses;
+    # on v3 also constant actions by name, e.g. target_1_slack__shortest_first+skip: policies/constant.py).
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
     bc_policies: list[str] = field(default_factory=list)
@@ -199,8 +201,8 @@ RULES: dict[str, Rule] = {
         f"a [budget level 0..{NUM_LEVELS - 1}, rule 0..{len(AllocationRule) - 1}] pair",
     ),
     "algo.bc_policies": Rule(
-        lambda names: all(is_policy_name(n) for n in names),
-        "a list of registered policy names or learned:PATH",
+        lambda names: all(is_policy_name(n) or is_action_name(n) for n in names),
+        "a list of registered policy names, learned:PATH, or (v3) constant action names MODE__ALLOCATION",
     ),
 }
 """Ranges checked before train.py creates its run folder (types are Hydra's)."""
