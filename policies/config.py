@@ -105,7 +105,7 @@ class AlgoConfig:
     # Behaviour-cloning warm start (policies/imitation.py) on bc_steps env steps before PPO (0 = off):
     # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
     # of each episode's window in hindsight among constant actions (budget levels >= bc_action[0], every
-    # rule) and the policies named in bc_policies (heuristics whose plans the action space expresses;
+    # rule; bc_action[0] = 9: no budget level) and the policies named in bc_policies (heuristics whose plans the action space expresses;
     # on v3 also constant actions by name, e.g. target_1_slack__shortest_first+skip: policies/constant.py).
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
@@ -197,8 +197,8 @@ RULES: dict[str, Rule] = {
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
     ),
     "algo.bc_action": Rule(
-        lambda v: len(v) == 2 and 0 <= v[0] < NUM_LEVELS and 0 <= v[1] < len(AllocationRule),
-        f"a [budget level 0..{NUM_LEVELS - 1}, rule 0..{len(AllocationRule) - 1}] pair",
+        lambda v: len(v) == 2 and 0 <= v[0] <= NUM_LEVELS and 0 <= v[1] < len(AllocationRule),
+        f"a [budget level 0..{NUM_LEVELS - 1} (window_best: {NUM_LEVELS} = none), rule 0..{len(AllocationRule) - 1}] pair",
     ),
     "algo.bc_policies": Rule(
         lambda names: all(is_policy_name(n) or is_action_name(n) for n in names),

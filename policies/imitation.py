@@ -135,9 +135,13 @@ def collect(
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
-    for name in policies:  # names from a config file: registered policies or v3 actions, checked before any work
+    for (
+        name
+    ) in policies:  # names from a config file: registered policies or v3 actions, checked before any work
         if not is_action_name(name):
             check_policy_name(name)
+    if teacher == "constant" and not 0 <= level < NUM_LEVELS:
+        raise ValueError(f"the constant teacher needs a budget level 0..{NUM_LEVELS - 1}, got {level}")
     if policies and teacher != "window_best":
         raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
     dummy = isinstance(venv.venv, DummyVecEnv)

@@ -260,3 +260,8 @@ def test_window_best_takes_constant_actions_by_name_and_labels_with_them(venv):
     with pytest.raises(ValueError, match="need a v3 env"):
         v2 = VecNormalize(DummyVecEnv([lambda: make_env(ENV_ID_V2, ENV_KW)]), norm_reward=False)
         collect(v2, "window_best", NUM_LEVELS - 1, 0, 10, 0.99, policies=[name])
+
+
+def test_the_constant_teacher_refuses_the_no_budget_level_of_window_best(venv):
+    with pytest.raises(ValueError, match="constant teacher needs a budget level 0..8, got 9"):
+        collect(venv, "constant", NUM_LEVELS, 0, 10, 0.99)
