@@ -83,7 +83,7 @@ class AlgoConfig:
     """PPO-family hyperparameters (SB3 names); ``total_timesteps`` is the run's total, also on resume."""
 
     name: AlgoName = MISSING
-    total_timesteps: int = 200_000
+    total_timesteps: int = 200_000  # 0: no RL, the imitation warm start (bc_steps > 0) is the policy
     n_envs: int = 8
     vec_env: VecEnvKind = VecEnvKind.dummy
     learning_rate: float = 3e-4
@@ -118,6 +118,10 @@ class AlgoConfig:
     # window_best keeps its first candidate (v3: the first of bc_policies) unless another one's SLO attainment
     # on the window is higher by more than bc_margin (0: the best, ties to the first)
     bc_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.total_timesteps == 0 and self.bc_steps == 0:
+            raise ValueError("algo.total_timesteps=0 (imitation only) needs algo.bc_steps > 0")
 
 
 @dataclass
@@ -188,7 +192,7 @@ RULES: dict[str, Rule] = {
     "algo.n_envs": AT_LEAST_ONE,
     "algo.n_steps": AT_LEAST_ONE,
     "algo.batch_size": AT_LEAST_ONE,
-    "algo.total_timesteps": AT_LEAST_ONE,
+    "algo.total_timesteps": Rule(lambda v: v >= 0, "an integer >= 0 (0: imitation only)"),
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
     "algo.bc_dagger_rounds": Rule(lambda v: v >= 0, "an integer >= 0 (0: plain behaviour cloning)"),
     "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment margin"),

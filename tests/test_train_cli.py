@@ -102,7 +102,7 @@ def test_keys_appended_with_plus_are_rejected_too():
         ("algo.n_envs=0", "algo.n_envs=0: must be an integer >= 1"),
         ("algo.n_steps=0", "algo.n_steps=0: must be an integer >= 1"),
         ("algo.batch_size=-64", "algo.batch_size=-64: must be an integer >= 1"),
-        ("algo.total_timesteps=0", "algo.total_timesteps=0: must be an integer >= 1"),
+        ("algo.total_timesteps=-1", "algo.total_timesteps=-1: must be an integer >= 0 (0: imitation only)"),
         ("algo.bc_steps=-1", "algo.bc_steps=-1: must be an integer >= 0"),
         ("eval.seeds=[]", "eval.seeds=[]: must be a non-empty list"),
         (
