@@ -27,6 +27,7 @@ from envs.serving.scheduling import Rule as AllocationRule
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HARDWARE_RULES, MODEL_RULES, HardwareSpec, ModelSpec
 from envs.serving.workload import WorkloadSpec
+from policies.constant import is_action_name
 from policies.registry import is_policy_name, policy_names
 
 SCHEMA_NAME = "train_schema"
@@ -82,7 +83,7 @@ class AlgoConfig:
     """PPO-family hyperparameters (SB3 names); ``total_timesteps`` is the run's total, also on resume."""
 
     name: AlgoName = MISSING
-    total_timesteps: int = 200_000
+    total_timesteps: int = 200_000  # 0: no RL, the imitation warm start (bc_steps > 0) is the policy
     n_envs: int = 8
     vec_env: VecEnvKind = VecEnvKind.dummy
     learning_rate: float = 3e-4
@@ -104,7 +105,8 @@ class AlgoConfig:
     # Behaviour-cloning warm start (policies/imitation.py) on bc_steps env steps before PPO (0 = off):
     # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
     # of each episode's window in hindsight among constant actions (budget levels >= bc_action[0], every
-    # rule) and the policies named in bc_policies (heuristics whose plans the action space expresses).
+    # rule; bc_action[0] = 9: no budget level) and the policies named in bc_policies (heuristics whose plans the action space expresses;
+    # on v3 also constant actions by name, e.g. target_1_slack__shortest_first+skip: policies/constant.py).
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
     bc_policies: list[str] = field(default_factory=list)
@@ -116,6 +118,10 @@ class AlgoConfig:
     # window_best keeps its first candidate (v3: the first of bc_policies) unless another one's SLO attainment
     # on the window is higher by more than bc_margin (0: the best, ties to the first)
     bc_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.total_timesteps == 0 and self.bc_steps == 0:
+            raise ValueError("algo.total_timesteps=0 (imitation only) needs algo.bc_steps > 0")
 
 
 @dataclass
@@ -186,7 +192,7 @@ RULES: dict[str, Rule] = {
     "algo.n_envs": AT_LEAST_ONE,
     "algo.n_steps": AT_LEAST_ONE,
     "algo.batch_size": AT_LEAST_ONE,
-    "algo.total_timesteps": AT_LEAST_ONE,
+    "algo.total_timesteps": Rule(lambda v: v >= 0, "an integer >= 0 (0: imitation only)"),
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
     "algo.bc_dagger_rounds": Rule(lambda v: v >= 0, "an integer >= 0 (0: plain behaviour cloning)"),
     "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment margin"),
@@ -195,12 +201,12 @@ RULES: dict[str, Rule] = {
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
     ),
     "algo.bc_action": Rule(
-        lambda v: len(v) == 2 and 0 <= v[0] < NUM_LEVELS and 0 <= v[1] < len(AllocationRule),
-        f"a [budget level 0..{NUM_LEVELS - 1}, rule 0..{len(AllocationRule) - 1}] pair",
+        lambda v: len(v) == 2 and 0 <= v[0] <= NUM_LEVELS and 0 <= v[1] < len(AllocationRule),
+        f"a [budget level 0..{NUM_LEVELS - 1} (window_best: {NUM_LEVELS} = none), rule 0..{len(AllocationRule) - 1}] pair",
     ),
     "algo.bc_policies": Rule(
-        lambda names: all(is_policy_name(n) for n in names),
-        "a list of registered policy names or learned:PATH",
+        lambda names: all(is_policy_name(n) or is_action_name(n) for n in names),
+        "a list of registered policy names, learned:PATH, or (v3) constant action names MODE__ALLOCATION",
     ),
 }
 """Ranges checked before train.py creates its run folder (types are Hydra's)."""

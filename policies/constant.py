@@ -10,7 +10,7 @@ cloning a heuristic's per-state budget in v2 did not carry over to the policy's 
 from __future__ import annotations
 
 from baselines import Adaptive, Sarathi
-from envs.actions import BUDGET_LEVELS, LatencyTarget, TargetActionSpec
+from envs.actions import ACTIONS_V3, BUDGET_LEVELS, LatencyTarget, TargetActionSpec
 from envs.serving.scheduling import Plan, Policy, ServingView
 
 Action = tuple[int, int]
@@ -28,6 +28,26 @@ def constant_action(actions: TargetActionSpec, policy: Policy) -> Action:
         f"(Sarathi at a budget of {list(BUDGET_LEVELS)}, or Adaptive with targets "
         f"{[t.name for t in actions.targets]})"
     )
+
+
+def action_named(actions: TargetActionSpec, name: str) -> Action:
+    """The action :class:`ConstantAction` names ``name`` (``MODE__ALLOCATION``, e.g.
+    ``target_1_slack__shortest_first+skip``); ValueError listing the valid modes and allocations."""
+    mode, sep, allocation = name.partition("__")
+    if not sep or mode not in actions.mode_names or allocation not in actions.allocation_names:
+        raise ValueError(
+            f"{name!r} is no action name MODE__ALLOCATION of the v3 action space (modes "
+            f"{', '.join(actions.mode_names)}; allocations {', '.join(actions.allocation_names)})"
+        )
+    return actions.mode_names.index(mode), actions.allocation_names.index(allocation)
+
+
+def is_action_name(name: object) -> bool:
+    """Whether ``name`` names a constant action of ``chunkgym/ChunkedPrefill-v3`` (see :func:`action_named`)."""
+    try:
+        return isinstance(name, str) and bool(action_named(ACTIONS_V3, name))
+    except ValueError:
+        return False
 
 
 class ConstantAction(Policy):

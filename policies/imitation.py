@@ -50,7 +50,7 @@ from baselines import Adaptive, Sarathi
 from chunkgym.progress import Progress
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS, TargetActionSpec
 from envs.serving.scheduling import Policy
-from policies.constant import ConstantAction, constant_action
+from policies.constant import ConstantAction, action_named, constant_action, is_action_name
 from policies.registry import check_policy_name, make_policy
 
 log = logging.getLogger(__name__)
@@ -135,14 +135,21 @@ def collect(
     """
     if teacher not in ("constant", "window_best"):
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
-    for name in policies:  # names from a config file: registered policies only, checked before any work
-        check_policy_name(name)
+    for (
+        name
+    ) in policies:  # names from a config file: registered policies or v3 actions, checked before any work
+        if not is_action_name(name):
+            check_policy_name(name)
+    if teacher == "constant" and not 0 <= level < NUM_LEVELS:
+        raise ValueError(f"the constant teacher needs a budget level 0..{NUM_LEVELS - 1}, got {level}")
     if policies and teacher != "window_best":
         raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
     dummy = isinstance(venv.venv, DummyVecEnv)
     if teacher == "window_best" and not dummy:
         raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
     v3 = isinstance(venv.get_attr("actions")[0], TargetActionSpec)
+    if not v3 and any(is_action_name(name) for name in policies):
+        raise ValueError(f"constant action names in teacher policies {list(policies)} need a v3 env")
     if (v3 or student is not None) and not dummy:
         raise ValueError("v3 teachers and DAgger read each env's state: use algo.vec_env=dummy")
     n = venv.num_envs
@@ -155,7 +162,7 @@ def collect(
         n_rules = len(envs[0].actions.rules)
         candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
         if v3:  # the heuristics as constant actions, first: ties keep them
-            named = [constant_action(envs[0].actions, make_policy(name)) for name in policies]
+            named = [_named_action(envs[0].actions, name) for name in policies]
             candidates = list(dict.fromkeys([*named, *candidates]))
         else:
             candidates += list(policies)
@@ -188,6 +195,13 @@ def collect(
     flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in data.items() if k not in ("rewards", "dones")}
     flat["returns"] = returns.reshape(-1)
     return flat
+
+
+def _named_action(actions: TargetActionSpec, name: str) -> tuple[int, int]:
+    """A v3 candidate named in ``bc_policies``: a constant action's name, or a heuristic's (its constant action)."""
+    if is_action_name(name):
+        return action_named(actions, name)
+    return constant_action(actions, make_policy(name))
 
 
 def _act(student: OnPolicyAlgorithm, obs: np.ndarray, masks: np.ndarray) -> np.ndarray:

@@ -82,7 +82,12 @@ def test_spec_files_and_overrides_share_the_type_rules(tmp_path):
 @pytest.mark.slow
 def test_every_small_tool_lists_its_options_and_rejects_unknown_keys():
     env = {"PYTHONPATH": str(REPO_ROOT)}
-    for tool in ("bench/sim_speed.py", "bench/headroom.py", "bench/admission_ablation.py"):
+    for tool in (
+        "bench/sim_speed.py",
+        "bench/headroom.py",
+        "bench/admission_ablation.py",
+        "bench/constant_actions.py",
+    ):
         help_ = subprocess.run([sys.executable, tool, "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
                                env=env, timeout=120)  # fmt: skip
         assert help_.returncode == 0 and "== Config ==" in help_.stdout, help_.stderr

@@ -21,7 +21,7 @@ from envs.features import FEATURE_NAMES_V1, FEATURE_NAMES_V3, features_v3
 from envs.serving.scheduling import plan_budget
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
-from policies.constant import ConstantAction, constant_action
+from policies.constant import ConstantAction, action_named, constant_action, is_action_name
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
 from policies.imitation import agreement, best_teacher, clone, collect, merge
@@ -242,3 +242,26 @@ def test_window_best_keeps_the_incumbent_unless_another_wins_by_the_margin():
     assert best_teacher(env, candidates) == best
     assert best_teacher(env, candidates, margin=gain / 2) == best
     assert best_teacher(env, candidates, margin=gain) == candidates[0]
+
+
+def test_a_constant_action_is_named_by_its_policy_name_and_a_bad_name_lists_the_valid_ones():
+    for action in [(0, 0), (11, 5), (16, 7), (6, 4)]:
+        assert action_named(ACTIONS_V3, ConstantAction(ACTIONS_V3, action).name) == action
+    assert is_action_name("target_1_slack__shortest_first+skip") and not is_action_name("adaptive_srpf")
+    with pytest.raises(ValueError, match="modes budget_64, .*allocations fcfs\\+stop"):
+        action_named(ACTIONS_V3, "target_3__fcfs+stop")
+
+
+def test_window_best_takes_constant_actions_by_name_and_labels_with_them(venv):
+    name = "target_2_slack__shortest_first+skip"
+    data = collect(venv, "window_best", NUM_LEVELS, 0, 200, 0.99, policies=[name])
+    assert set(data["actions"][:, 0]) == {16}  # the only candidate (no budget level is >= NUM_LEVELS)
+    assert set(data["actions"][:, 1]) <= {0, 1, 5}  # srpf+skip, or its canonical form under the mask
+    with pytest.raises(ValueError, match="need a v3 env"):
+        v2 = VecNormalize(DummyVecEnv([lambda: make_env(ENV_ID_V2, ENV_KW)]), norm_reward=False)
+        collect(v2, "window_best", NUM_LEVELS - 1, 0, 10, 0.99, policies=[name])
+
+
+def test_the_constant_teacher_refuses_the_no_budget_level_of_window_best(venv):
+    with pytest.raises(ValueError, match="constant teacher needs a budget level 0..8, got 9"):
+        collect(venv, "constant", NUM_LEVELS, 0, 10, 0.99)

@@ -102,11 +102,17 @@ def test_keys_appended_with_plus_are_rejected_too():
         ("algo.n_envs=0", "algo.n_envs=0: must be an integer >= 1"),
         ("algo.n_steps=0", "algo.n_steps=0: must be an integer >= 1"),
         ("algo.batch_size=-64", "algo.batch_size=-64: must be an integer >= 1"),
-        ("algo.total_timesteps=0", "algo.total_timesteps=0: must be an integer >= 1"),
+        ("algo.total_timesteps=-1", "algo.total_timesteps=-1: must be an integer >= 0 (0: imitation only)"),
         ("algo.bc_steps=-1", "algo.bc_steps=-1: must be an integer >= 0"),
         ("eval.seeds=[]", "eval.seeds=[]: must be a non-empty list"),
-        ("algo.bc_action=[5]", "algo.bc_action=[5]: must be a [budget level 0..8, rule 0..3] pair"),
-        ("algo.bc_action=[9,0]", "algo.bc_action=[9, 0]: must be a [budget level 0..8, rule 0..3] pair"),
+        (
+            "algo.bc_action=[5]",
+            "algo.bc_action=[5]: must be a [budget level 0..8 (window_best: 9 = none), rule 0..3] pair",
+        ),
+        (
+            "algo.bc_action=[10,0]",
+            "algo.bc_action=[10, 0]: must be a [budget level 0..8 (window_best: 9 = none), rule 0..3] pair",
+        ),
         ("eval.baseline=../../tmp/x", "eval.baseline='../../tmp/x': must be a registered policy name ("),
         (
             "algo.bc_policies=[fcfs,/tmp/x]",

@@ -40,6 +40,7 @@ def test_env_slos_alternate_over_the_envs_and_the_val_windows_run_under_each():
     [
         ("env.slos=[tight]", "env.slos=['tight']: must be a list of conf/slo names (relaxed, strict)"),
         ("algo.bc_dagger_rounds=-1", "algo.bc_dagger_rounds=-1: must be an integer >= 0"),
+        ("algo.total_timesteps=0", "algo.total_timesteps=0 (imitation only) needs algo.bc_steps > 0"),
     ],
 )
 def test_bad_v3_training_values_are_named_in_one_line(override, line):
@@ -65,3 +66,20 @@ def test_a_tiny_v3_run_clones_runs_dagger_and_exports_a_v3_policy(tmp_path):
     spec = json.loads((run_dir / "export" / "policy.json").read_text())
     assert spec["env_id"] == "chunkgym/ChunkedPrefill-v3" and spec["nvec"] == [17, 8]
     assert _last_json(proc.stdout)["val_windows"]["slos"] == ["strict", "relaxed"]
+
+
+@pytest.mark.slow
+def test_total_timesteps_0_exports_the_imitated_policy_without_rl(tmp_path):
+    run_dir = tmp_path / "bc_only"
+    bc = [
+        *V3,
+        "algo.bc_policies=[target_2_slack__shortest_first+skip]",
+        "algo.bc_steps=256",
+        "algo.bc_epochs=2",
+    ]
+    proc = train(*TINY, *bc, "algo.total_timesteps=0", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _last_json(proc.stdout)
+    assert summary["timesteps"] == 0 and summary["best_val_timesteps"] == 0
+    assert (run_dir / "export" / "policy.json").is_file()
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_000000000000"]
