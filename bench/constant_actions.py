@@ -109,7 +109,7 @@ def main(args: Options) -> None:
     print(
         f"(* the best per workload; mean attain90 capacity over seeds {args.seeds}, {args.split} split, {args.slo} SLO)"
     )
-    out = {"capacity": table, "split": args.split, "seeds": args.seeds, "slo": args.slo}
+    out: dict[str, object] = {"capacity": table, "split": args.split, "seeds": args.seeds, "slo": args.slo}
     out |= {
         "wall_s": round(time.perf_counter() - start, 1),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
