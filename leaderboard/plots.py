@@ -2,7 +2,7 @@
 
 * goodput and SLO attainment against load, per workload: the policies a reader compares
   (:data:`HIGHLIGHT` and the best other heuristic) drawn strong with 95% bands, the rest faint;
-* CDFs of the pooled token gaps (TBT), per workload and load;
+* CDFs of the pooled token gaps (TBT), per workload and load (:data:`TBT_HIGHLIGHT` strong, the rest faint);
 * the stall picture: one streaming request's token gaps while a long prompt is prefilled,
   FCFS beside Sarathi (:func:`find_stall` picks the pair);
 * per-iteration batch composition (prefill vs decode tokens) over the same stretch of time.
@@ -26,25 +26,27 @@ import pandas as pd  # noqa: E402
 from envs.serving.loop import SimResult  # noqa: E402
 from envs.serving.metrics import SLO  # noqa: E402
 
-EMPHASIS = ("fcfs", "sarathi_512")
-"""Policies drawn thicker: the stall chunked prefill removes, and its standard fix."""
 HIGHLIGHT = {"fcfs": "tab:red", "adaptive_srpf": "tab:green", "learned": "tab:blue"}
 """Always drawn strong in the goodput plot: no chunking, the best adaptive heuristic, the learned policy."""
 BEST_COLOR = "tab:orange"
 """The best heuristic outside :data:`HIGHLIGHT` (highest mean goodput over the workload's loads)."""
+TBT_HIGHLIGHT = {
+    "fcfs": "tab:red",
+    "sarathi_512": "tab:orange",
+    "adaptive_srpf": "tab:green",
+    "learned": "tab:blue",
+}
+"""Drawn strong in the TBT CDFs: the stall chunked prefill removes, its standard fix, the best
+adaptive heuristic and the learned policy; every other policy faint grey."""
 LONGEST_CANDIDATES = 20
 """Longest prompts tried, longest first, when looking for one prefilled while another request streams."""
 
 
-def _styles(names: Sequence[str] | pd.Series) -> dict[str, dict]:
-    """The same style for a policy in every plot: 20 distinct colours (dashed after the first ten),
-    with the FCFS-vs-Sarathi pair drawn thicker."""
-    cmap = plt.get_cmap("tab20")
-    colors = [cmap(2 * k) for k in range(10)] + [cmap(2 * k + 1) for k in range(10)]
-    return {
-        name: {"color": colors[i % 20], "ls": "-" if i < 10 else "--", "lw": 2.4 if name in EMPHASIS else 1.2}
-        for i, name in enumerate(sorted(set(names)))
-    }
+def _tbt_style(policy: str) -> dict:
+    """A TBT-CDF line: strong and named for :data:`TBT_HIGHLIGHT`, faint grey (one legend entry) otherwise."""
+    if policy in TBT_HIGHLIGHT:
+        return {"color": TBT_HIGHLIGHT[policy], "lw": 2.0, "label": policy, "zorder": 3}
+    return {"color": "0.6", "lw": 0.8, "alpha": 0.5, "label": "other policies", "zorder": 1}
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -144,11 +146,11 @@ def goodput_figure(ranked: pd.DataFrame, setup: str) -> plt.Figure:
 
 
 def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndarray, path: Path) -> Path:
-    """CDF of every token gap of the first seed's window, per workload (rows) and load (columns)."""
+    """CDF of every token gap of the first seed's window, per workload (rows) and load (columns);
+    :data:`TBT_HIGHLIGHT` strong, the rest faint."""
     seed = rows["seed"].min()
     workloads = list(dict.fromkeys(rows["workload"]))
     loads = sorted(rows["load_scale"].unique())
-    styles = _styles(rows["policy"])
     fig, axes = plt.subplots(
         len(workloads),
         len(loads),
@@ -160,7 +162,7 @@ def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndar
         if row["seed"] != seed or np.isnan(q).all():
             continue
         ax = axes[workloads.index(row["workload"]), loads.index(row["load_scale"])]
-        ax.plot(np.maximum(q, 1e-4), probs, **styles[row["policy"]], label=row["policy"])
+        ax.plot(np.maximum(q, 1e-4), probs, **_tbt_style(row["policy"]))
     for i, wl in enumerate(workloads):
         bounds = rows.loc[rows["workload"] == wl, ["slo_tpot_s", "slo_stall_s"]].iloc[0]
         for j, load in enumerate(loads):
@@ -174,7 +176,11 @@ def tbt_cdfs(rows: pd.DataFrame, quantiles: Sequence[np.ndarray], probs: np.ndar
             ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("token gap (s); dashed: TPOT bound, dotted: stall bound", fontsize=8)
-    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    handles = dict(zip(*reversed(axes[0, -1].get_legend_handles_labels()), strict=True))
+    order = [p for p in (*TBT_HIGHLIGHT, "other policies") if p in handles]
+    axes[0, -1].legend(
+        [handles[p] for p in order], order, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8
+    )
     fig.suptitle(
         f"CDF of every token gap, one window per panel\n{setup_label(rows, with_seeds=False)}", fontsize=10
     )

@@ -74,3 +74,43 @@ def test_setup_label_names_model_hardware_slo_and_seeds() -> None:
         "llama3_8b on 1 x a100_80gb, SLO strict (TPOT <= 180 ms, stall <= 0.90 s), calibrated cost model, seeds 0, 1"
     )
     assert plots.setup_label(rows, with_seeds=False) == label.rsplit(", seeds", 1)[0]
+
+
+def test_tbt_cdfs_draw_the_four_compared_policies_strong_and_name_the_rest_once(
+    tmp_path, monkeypatch
+) -> None:
+    setup = {
+        "model": "llama3_8b",
+        "tp": 1,
+        "hardware": "a100_80gb",
+        "slo": "strict",
+        "cost_model": "calibrated",
+    }
+    rows = pd.DataFrame(
+        [
+            {
+                **setup,
+                "workload": "azure_conv",
+                "load_scale": 1.0,
+                "seed": 0,
+                "policy": p,
+                "slo_tpot_s": 0.11,
+                "slo_stall_s": 0.55,
+            }
+            for p in POLICIES
+        ]
+    )
+    probs = np.linspace(0.0, 1.0, 11)
+    quantiles = [np.linspace(0.01, 0.1 * (i + 1), 11) for i in range(len(POLICIES))]
+    figures: list[plt.Figure] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.tbt_cdfs(rows, quantiles, probs, tmp_path / "tbt.png")
+    (ax,) = [a for a in figures[0].axes if a.get_lines()]
+    try:
+        strong = {line.get_label() for line in ax.get_lines() if line.get_linewidth() >= 2}
+        assert strong == {"fcfs", "sarathi_512", "adaptive_srpf", "learned"}
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+            "fcfs", "sarathi_512", "adaptive_srpf", "learned", "other policies",
+        ]  # fmt: skip
+    finally:
+        plt.close(figures[0])
