@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from envs.chunked_prefill import version_of
+from envs.lookahead import scan_lookahead
 from envs.serving.scheduling import Plan, Policy, ServingView
 
 FORMAT = "chunkgym-policy"
@@ -151,8 +152,13 @@ class ExportedPolicy(Policy):
         return actions
 
     def plan(self, view: ServingView) -> Plan:
-        level, rule = self.act_one(self.features(view), self.actions.mask(view) if self.masked else None)
-        return self.actions.plan(view, level, rule)
+        """As the env steps: one lookahead scan for the features and the valid actions, which give
+        the mask and the plan."""
+        look = scan_lookahead(view)
+        valid = self.actions.valid(view, look)
+        mask = self.actions.mask(view, valid) if self.masked else None
+        level, rule = self.act_one(self.features(view, look), mask)
+        return self.actions.plan(view, level, rule, valid)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
