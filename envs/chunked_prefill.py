@@ -169,6 +169,13 @@ class EnvVersion:
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument
 
+    def observe(self, view: ServingView) -> tuple[np.ndarray, Any, np.ndarray]:
+        """The observation, valid actions and mask of ``view``'s state, from one lookahead scan: how
+        the env and an exported policy (:class:`policies.exported.ExportedPolicy`) both see a state."""
+        look = scan_lookahead(view)
+        valid = self.actions.valid(view, look)
+        return self.features(view, look), valid, self.actions.mask(view, valid)
+
 
 VERSIONS: dict[int, EnvVersion] = {
     0: EnvVersion(0, features_v0, FEATURE_NAMES_V0, ACTIONS_V0, score_at_finish, False, ("azure_conv",)),
@@ -394,11 +401,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         """The observation of the state the agent now sees; sets the valid actions and the mask of that
         state (a fresh array, shared by ``info`` and :meth:`action_masks`) from the same lookahead scan."""
         assert self.sim is not None, "only called after reset()"
-        view = self.sim.view
-        look = scan_lookahead(view)
-        self._valid = valid = self.actions.valid(view, look)
-        self._mask = self.actions.mask(view, valid)
-        return self.version.features(view, look)
+        obs, self._valid, self._mask = self.version.observe(self.sim.view)
+        return obs
 
 
 class ActionMasks(gym.Wrapper, RecordConstructorArgs):

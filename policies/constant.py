@@ -33,21 +33,25 @@ def constant_action(actions: TargetActionSpec, policy: Policy) -> Action:
 def action_named(actions: TargetActionSpec, name: str) -> Action:
     """The action :class:`ConstantAction` names ``name`` (``MODE__ALLOCATION``, e.g.
     ``target_1_slack__shortest_first+skip``); ValueError listing the valid modes and allocations."""
-    mode, sep, allocation = name.partition("__")
-    if not sep or mode not in actions.mode_names or allocation not in actions.allocation_names:
+    action = _parse(actions, name)
+    if action is None:
         raise ValueError(
             f"{name!r} is no action name MODE__ALLOCATION of the v3 action space (modes "
             f"{', '.join(actions.mode_names)}; allocations {', '.join(actions.allocation_names)})"
         )
-    return actions.mode_names.index(mode), actions.allocation_names.index(allocation)
+    return action
 
 
 def is_action_name(name: object) -> bool:
     """Whether ``name`` names a constant action of ``chunkgym/ChunkedPrefill-v3`` (see :func:`action_named`)."""
-    try:
-        return isinstance(name, str) and bool(action_named(ACTIONS_V3, name))
-    except ValueError:
-        return False
+    return isinstance(name, str) and _parse(ACTIONS_V3, name) is not None
+
+
+def _parse(actions: TargetActionSpec, name: str) -> Action | None:
+    mode, sep, allocation = name.partition("__")
+    if not sep or mode not in actions.mode_names or allocation not in actions.allocation_names:
+        return None
+    return actions.mode_names.index(mode), actions.allocation_names.index(allocation)
 
 
 class ConstantAction(Policy):

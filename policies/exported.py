@@ -39,7 +39,6 @@ from safetensors.torch import load_file
 from torch import nn
 
 from envs.chunked_prefill import version_of
-from envs.lookahead import scan_lookahead
 from envs.serving.scheduling import Plan, Policy, ServingView
 
 FORMAT = "chunkgym-policy"
@@ -117,7 +116,7 @@ class ExportedPolicy(Policy):
         self.net = net.eval()
         self.spec = spec
         self.name = "learned"
-        version = version_of(spec["env_id"])
+        self.version = version = version_of(spec["env_id"])
         self.features = version.features
         self.actions = version.actions
         self.masked = net.masked
@@ -152,12 +151,8 @@ class ExportedPolicy(Policy):
         return actions
 
     def plan(self, view: ServingView) -> Plan:
-        """As the env steps: one lookahead scan for the features and the valid actions, which give
-        the mask and the plan."""
-        look = scan_lookahead(view)
-        valid = self.actions.valid(view, look)
-        mask = self.actions.mask(view, valid) if self.masked else None
-        level, rule = self.act_one(self.features(view, look), mask)
+        obs, valid, mask = self.version.observe(view)  # as the env observes the state
+        level, rule = self.act_one(obs, mask if self.masked else None)
         return self.actions.plan(view, level, rule, valid)
 
 
