@@ -87,7 +87,16 @@ def main(dcfg: DictConfig) -> None:
         a = cfg.algo
         level, rule = a.bc_action
         data = imitation.collect(
-            venv, a.bc_teacher, level, rule, a.bc_steps, a.gamma, a.bc_policies, margin=a.bc_margin
+            venv,
+            a.bc_teacher,
+            level,
+            rule,
+            a.bc_steps,
+            a.gamma,
+            a.bc_policies,
+            margin=a.bc_margin,
+            period_s=a.bc_period_s,
+            horizon_s=a.bc_horizon_s,
         )
         masked = training.is_masked(cfg)
         fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
@@ -108,6 +117,8 @@ def main(dcfg: DictConfig) -> None:
                 a.bc_policies,
                 student=model,
                 margin=a.bc_margin,
+                period_s=a.bc_period_s,
+                horizon_s=a.bc_horizon_s,
             )
             on_policy = imitation.agreement(model, own, masked)
             data = imitation.merge(data, own)

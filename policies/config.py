@@ -30,6 +30,9 @@ from envs.serving.workload import WorkloadSpec
 from policies.constant import is_action_name
 from policies.registry import is_policy_name, policy_names
 
+TEACHERS = ("constant", "window_best", "period_best")
+"""Behaviour-cloning teachers of ``algo.bc_teacher`` (policies/imitation.py)."""
+
 SCHEMA_NAME = "train_schema"
 
 
@@ -106,7 +109,10 @@ class AlgoConfig:
     # bc_teacher "constant" imitates the action bc_action = [budget level, rule]; "window_best" the best
     # of each episode's window in hindsight among constant actions (budget levels >= bc_action[0], every
     # rule; bc_action[0] = 9: no budget level) and the policies named in bc_policies (heuristics whose plans the action space expresses;
-    # on v3 also constant actions by name, e.g. target_1_slack__shortest_first+skip: policies/constant.py).
+    # on v3 also constant actions by name, e.g. target_1_slack__shortest_first+skip: policies/constant.py);
+    # "period_best" (v3) the same candidates, chosen again every bc_period_s seconds of the episode from the
+    # state reached, by the hindsight oracle's rollout (each candidate for a period, then the first of them
+    # until bc_horizon_s: policies/oracle.py), so labels follow the state within a window.
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
     bc_policies: list[str] = field(default_factory=list)
@@ -116,10 +122,17 @@ class AlgoConfig:
     # (per episode its window's best, as above), merged into the data and refitted (0 = plain cloning).
     bc_dagger_rounds: int = 0
     # window_best keeps its first candidate (v3: the first of bc_policies) unless another one's SLO attainment
-    # on the window is higher by more than bc_margin (0: the best, ties to the first)
+    # on the window is higher by more than bc_margin (0: the best, ties to the first); period_best unless
+    # another one's rollout score is higher by more than bc_margin x the requests the first one's rollout decides
     bc_margin: float = 0.0
+    bc_period_s: float = 10.0  # period_best: seconds a choice holds
+    bc_horizon_s: float = 30.0  # period_best: seconds each candidate's rollout is scored over
 
     def __post_init__(self) -> None:
+        if self.bc_period_s > self.bc_horizon_s:
+            raise ValueError(
+                f"algo.bc_period_s ({self.bc_period_s}) must be <= algo.bc_horizon_s ({self.bc_horizon_s})"
+            )
         if self.total_timesteps == 0 and self.bc_steps == 0:
             raise ValueError("algo.total_timesteps=0 (imitation only) needs algo.bc_steps > 0")
 
@@ -195,6 +208,9 @@ RULES: dict[str, Rule] = {
     "algo.total_timesteps": Rule(lambda v: v >= 0, "an integer >= 0 (0: imitation only)"),
     "algo.bc_steps": Rule(lambda v: v >= 0, "an integer >= 0 (0: no warm start)"),
     "algo.bc_dagger_rounds": Rule(lambda v: v >= 0, "an integer >= 0 (0: plain behaviour cloning)"),
+    "algo.bc_teacher": Rule(lambda v: v in TEACHERS, f"one of {', '.join(TEACHERS)}"),
+    "algo.bc_period_s": Rule(lambda v: v > 0, "a number of seconds > 0"),
+    "algo.bc_horizon_s": Rule(lambda v: v > 0, "a number of seconds > 0 (>= algo.bc_period_s)"),
     "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment margin"),
     "eval.seeds": NON_EMPTY,
     "eval.baseline": Rule(

@@ -17,6 +17,11 @@ Two teachers:
   regimes apart from what it observes (bursty long prompts want a small budget and
   shortest-first, steady chat wants big budgets), which is what lets one policy beat
   every fixed budget across workloads.
+* ``period_best`` (v3): the same candidates, chosen anew every ``period_s`` seconds of the
+  episode from the state the rollout has reached, by the hindsight oracle's rollout
+  (:func:`policies.oracle.best_for_period`: each candidate for one period, then the first
+  one until ``horizon_s``), so labels follow the state within a window, where window_best's
+  are one per window.  Costlier: every period simulates each candidate over the horizon.
 
 For each state the label is the *valid* action with the teacher's plan (for a constant
 action: budget clamped to the covering level, rule to FCFS where rules are masked, read
@@ -36,9 +41,11 @@ teacher's own.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,7 +57,9 @@ from baselines import Adaptive, Sarathi
 from chunkgym.progress import Progress
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS, TargetActionSpec
 from envs.serving.scheduling import Policy
+from policies.config import TEACHERS
 from policies.constant import ConstantAction, action_named, constant_action, is_action_name
+from policies.oracle import best_for_period
 from policies.registry import check_policy_name, make_policy
 
 log = logging.getLogger(__name__)
@@ -96,10 +105,11 @@ def best_teacher(env, candidates: list[Teacher], margin: float = 0.0) -> Teacher
 
 
 class _Acting:
-    """One env's current teacher, giving the label for the env's current state."""
+    """One env's current teacher, giving the label for the env's current state (chosen until the
+    env's clock reaches ``until``, for period_best)."""
 
-    def __init__(self, env, teacher: Teacher) -> None:
-        self.env, self.teacher = env, teacher
+    def __init__(self, env, teacher: Teacher, until: float = math.inf) -> None:
+        self.env, self.teacher, self.until = env, teacher, until
         self.policy = None
         if isinstance(teacher, str):
             self.policy = teacher_policy(env, teacher)
@@ -114,6 +124,13 @@ class _Acting:
         return np.array(self.env.actions.action_for(view, self.policy.plan(view)), dtype=np.int64)
 
 
+def _period_best(env, candidates: list[Teacher], period_s: float, horizon_s: float, margin: float) -> _Acting:
+    """The v3 candidate the hindsight oracle's rollout picks from ``env``'s current state, for one period."""
+    make = [functools.partial(ConstantAction, env.actions, cast(tuple[int, int], c)) for c in candidates]
+    best = candidates[best_for_period(env.sim, make, period_s, horizon_s, margin)]
+    return _Acting(env, best, until=env.sim.core.now + period_s)
+
+
 def collect(
     venv: VecNormalize,
     teacher: str,
@@ -124,6 +141,8 @@ def collect(
     policies: Sequence[str] = (),
     student: OnPolicyAlgorithm | None = None,
     margin: float = 0.0,
+    period_s: float = 10.0,
+    horizon_s: float = 30.0,
 ) -> dict[str, np.ndarray]:
     """Roll the teacher out for ``steps`` env steps; normalised observations, masks, labels, returns.
 
@@ -132,9 +151,12 @@ def collect(
     named ``policies``; needs a DummyVecEnv).  With ``student``, the student's deterministic
     actions drive the envs and the teacher only labels the states (DAgger).  ``margin``: see
     :func:`best_teacher` (the first candidate is the first named policy in v3, else budget ``level``).
+    ``period_best`` (v3 only): window_best's candidates, re-chosen every ``period_s`` seconds by
+    :func:`policies.oracle.best_for_period` with ``horizon_s`` and ``margin`` (there: a fraction of the
+    requests the first candidate's rollout decides).
     """
-    if teacher not in ("constant", "window_best"):
-        raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: constant, window_best")
+    if teacher not in TEACHERS:
+        raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: {', '.join(TEACHERS)}")
     for (
         name
     ) in policies:  # names from a config file: registered policies or v3 actions, checked before any work
@@ -142,12 +164,16 @@ def collect(
             check_policy_name(name)
     if teacher == "constant" and not 0 <= level < NUM_LEVELS:
         raise ValueError(f"the constant teacher needs a budget level 0..{NUM_LEVELS - 1}, got {level}")
-    if policies and teacher != "window_best":
-        raise ValueError(f"teacher policies {list(policies)} are candidates of window_best, not {teacher}")
+    if policies and teacher == "constant":
+        raise ValueError(f"teacher policies {list(policies)} are candidates of window_best or period_best")
     dummy = isinstance(venv.venv, DummyVecEnv)
-    if teacher == "window_best" and not dummy:
-        raise ValueError("the window_best teacher reads each env's window: use algo.vec_env=dummy")
+    if teacher != "constant" and not dummy:
+        raise ValueError(f"the {teacher} teacher reads each env's window: use algo.vec_env=dummy")
     v3 = isinstance(venv.get_attr("actions")[0], TargetActionSpec)
+    if teacher == "period_best" and not v3:
+        raise ValueError("the period_best teacher's candidates are v3 constant actions: use a v3 env")
+    if teacher == "period_best" and not 0 < period_s <= horizon_s:
+        raise ValueError(f"period_best needs 0 < period_s <= horizon_s, got {period_s} and {horizon_s}")
     if not v3 and any(is_action_name(name) for name in policies):
         raise ValueError(f"constant action names in teacher policies {list(policies)} need a v3 env")
     if (v3 or student is not None) and not dummy:
@@ -158,7 +184,7 @@ def collect(
     envs: list[Any] = (
         [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
     )
-    if teacher == "window_best":
+    if teacher != "constant":
         n_rules = len(envs[0].actions.rules)
         candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
         if v3:  # the heuristics as constant actions, first: ties keep them
@@ -166,7 +192,10 @@ def collect(
             candidates = list(dict.fromkeys([*named, *candidates]))
         else:
             candidates += list(policies)
+    if teacher == "window_best":
         acting = [_Acting(e, best_teacher(e, candidates, margin)) for e in envs]
+    elif teacher == "period_best":
+        acting = [_period_best(e, candidates, period_s, horizon_s, margin) for e in envs]
     else:
         acting = [_Acting(e, (level, rule)) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
@@ -175,6 +204,11 @@ def collect(
     for t in range(rounds):
         progress.update(t * n, "env steps")
         masks = np.stack(venv.env_method("action_masks"))
+        if teacher == "period_best":  # a period ended: choose again from the state reached
+            acting = [
+                _period_best(e, candidates, period_s, horizon_s, margin) if e.sim.core.now >= a.until else a
+                for e, a in zip(envs, acting, strict=True)
+            ]
         actions = np.stack([acting[i].label(masks[i]) for i in range(n)])
         rows["obs"].append(obs)
         rows["masks"].append(masks)
@@ -182,9 +216,12 @@ def collect(
         obs, rewards, dones, _ = venv.step(actions if student is None else _act(student, obs, masks))
         rows["rewards"].append(rewards)
         rows["dones"].append(dones)
-        if teacher == "window_best":
+        if teacher != "constant":
             for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
-                acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates, margin))
+                if teacher == "window_best":
+                    acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates, margin))
+                else:
+                    acting[i] = _period_best(envs[i], candidates, period_s, horizon_s, margin)
     progress.finish(rounds * n, "env steps")
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)

@@ -18,6 +18,7 @@ rollout would end in the same state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from baselines import Sarathi
@@ -30,13 +31,6 @@ DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_RULES = (Rule.FCFS, Rule.SHORTEST_FIRST, Rule.SLACK_DOOMED_LAST)
 
 Action = tuple[int, Rule]
-
-
-def run_until(sim: Simulator, action: Action, until: float, stop: Callable[[], bool] | None = None) -> bool:
-    """Serve with a constant action until the clock passes ``until`` (or ``stop()`` holds);
-    False once the trace is done."""
-    budget, rule = action
-    return sim.run_until(Sarathi(budget, rule.name), stop=stop, until_s=until)
 
 
 PlanKey = tuple[bool, tuple[tuple[int, int], ...]]  # decode?, (request id, tokens) per chunk
@@ -55,6 +49,39 @@ class _Recorded(Policy):
         plan = self.policy.plan(view)
         self.plans.append((plan.decode, tuple((r.rid, n) for r, n in plan.chunks)))
         return plan
+
+
+def best_for_period(
+    sim: Simulator,
+    candidates: Sequence[Callable[[], Policy]],
+    period_s: float,
+    horizon_s: float,
+    margin: float = 0.0,
+) -> int:
+    """The index of the candidate whose ``period_s`` of serving from ``sim``'s state, followed by
+    ``candidates[0]`` (the incumbent) until ``horizon_s`` from now, scores best (requests known to
+    meet their SLO minus those known to miss); the incumbent unless the best beats its score by more
+    than ``margin`` x the requests its rollout decided (ties keep the earlier one).  ``sim`` itself
+    is not advanced (each rollout runs on a fork)."""
+    start, decided = sim.core.now, sim.core.n_good + sim.core.n_bad
+    best, best_score, bar = 0, 0, 0.0
+    scores: dict[tuple[bool, tuple[PlanKey, ...]], int] = {}  # by the period's plans
+    for i, make in enumerate(candidates):
+        twin = sim.fork(keep_log=False)
+        twin.log = UnrecordedLog()  # a rollout is scored on the SLO counters alone
+        period = _Recorded(make())
+        key = twin.run_until(period, until_s=start + period_s), tuple(period.plans)
+        if key not in scores:  # else an earlier candidate planned alike: the same state, score
+            if key[0]:
+                twin.run_until(candidates[0](), until_s=start + horizon_s)
+            scores[key] = twin.core.n_good - twin.core.n_bad
+        score = scores[key]
+        if i == 0:
+            best_score = score
+            bar = score + margin * (twin.core.n_good + twin.core.n_bad - decided)
+        elif score > best_score and score > bar:
+            best, best_score = i, score
+    return best
 
 
 def oracle_run(
@@ -78,6 +105,7 @@ def oracle_run(
             raise ValueError(f"budget {b} is not an action level; levels: {BUDGET_LEVELS}")
     # The base action is the incumbent: another candidate must score strictly better.
     candidates = [base] + [(b, r) for b in budgets for r in rules if (b, r) != base]
+    policies = [functools.partial(Sarathi, b, r.name) for b, r in candidates]
     choices: list[tuple[float, int, int]] = []
     stopped = False
     while sim.advance_to_work():
@@ -85,22 +113,9 @@ def oracle_run(
             stopped = True
             break
         start = sim.core.now
-        best, best_score = base, None
-        scores: dict[tuple[bool, tuple[PlanKey, ...]], int] = {}  # by the period's plans
-        for action in candidates:  # the base action first: ties keep it
-            twin = sim.fork(keep_log=False)
-            twin.log = UnrecordedLog()  # a rollout is scored on the SLO counters alone
-            period = _Recorded(Sarathi(action[0], action[1].name))
-            key = twin.run_until(period, until_s=start + period_s), tuple(period.plans)
-            if key not in scores:  # else an earlier candidate planned alike: the same state, score
-                if key[0]:
-                    run_until(twin, base, start + horizon_s)
-                scores[key] = twin.core.n_good - twin.core.n_bad
-            score = scores[key]
-            if best_score is None or score > best_score:
-                best, best_score = action, score
-        choices.append((start, best[0], int(best[1])))
-        run_until(sim, best, start + period_s, stop)
+        budget, rule = candidates[best_for_period(sim, policies, period_s, horizon_s)]
+        choices.append((start, budget, int(rule)))
+        sim.run_until(Sarathi(budget, rule.name), stop=stop, until_s=start + period_s)
     result = sim.result()
     result.stopped = stopped
     return result, choices

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import chunkgym
 from calibration.cost_files import write_cost_files, write_engine_overheads
@@ -79,12 +80,43 @@ def test_calibrated_model_reproduces_measured_rows() -> None:
         assert predicted == pytest.approx(seconds, rel=0.15)
 
 
+LOO_ABS_TOL = 0.005
+"""The leave-one-TP-out MAPEs, refitted on two TP degrees only, land in slightly different optima of a
+non-convex fit on different CPUs (tp2 held out, A100: token MAPE 0.0772 in the committed files, 0.0755
+refitted on an AMD EPYC VM; H100: 0.0150 against 0.0124); everything else in a file must match to the digit."""
+
+
+def _same_fit(committed: str, written: str) -> bool:
+    """The same cost file, up to :data:`LOO_ABS_TOL` in its leave-one-TP-out errors."""
+    a, b = yaml.safe_load(committed), yaml.safe_load(written)
+
+    la, lb = _find_loo(a), _find_loo(b)
+    if la.keys() != lb.keys() or a != b:
+        return False
+    return all(
+        set(la[tp]) == set(lb[tp]) and all(abs(la[tp][k] - lb[tp][k]) <= LOO_ABS_TOL for k in la[tp])
+        for tp in la
+    )
+
+
+def _find_loo(doc: object) -> dict:
+    """Remove and return the ``leave_one_tp_out_mape`` mapping, wherever it is nested in ``doc``."""
+    if isinstance(doc, dict):
+        if "leave_one_tp_out_mape" in doc:
+            return doc.pop("leave_one_tp_out_mape")
+        for value in doc.values():
+            found = _find_loo(value)
+            if found:
+                return found
+    return {}
+
+
 def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Path) -> None:
     written = write_cost_files(cal.files, tmp_path)
     # The GPU files; profiles of the local engine (hardware `cpu`) come from calibration/from_engine.py.
     committed = sorted(p for p in COST_DIR.glob("*.yaml") if not p.name.startswith("cpu__"))
     assert sorted(p.name for p in written) == [p.name for p in committed]
-    stale = [p.name for p in committed if p.read_text() != (tmp_path / p.name).read_text()]
+    stale = [p.name for p in committed if not _same_fit(p.read_text(), (tmp_path / p.name).read_text())]
     assert not stale, f"conf/cost is out of date (rerun `python -m calibration`): {stale}"
     profiles = write_engine_overheads(cal.overheads, tmp_path / "overhead")
     assert sorted(p.name for p in profiles) == sorted(p.name for p in ENGINE_OVERHEAD_DIR.glob("*.yaml"))

@@ -3,6 +3,7 @@ adaptive heuristic is one constant action; its masks, features, exports, teacher
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import gymnasium as gym
@@ -21,6 +22,7 @@ from envs.features import FEATURE_NAMES_V1, FEATURE_NAMES_V3, features_v3
 from envs.serving.scheduling import plan_budget
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
+from policies import imitation
 from policies.constant import ConstantAction, action_named, constant_action, is_action_name
 from policies.export import write_export
 from policies.exported import ExportError, PolicyNet, load_policy
@@ -260,6 +262,32 @@ def test_window_best_takes_constant_actions_by_name_and_labels_with_them(venv):
     with pytest.raises(ValueError, match="need a v3 env"):
         v2 = VecNormalize(DummyVecEnv([lambda: make_env(ENV_ID_V2, ENV_KW)]), norm_reward=False)
         collect(v2, "window_best", NUM_LEVELS - 1, 0, 10, 0.99, policies=[name])
+
+
+def test_period_best_chooses_again_each_period_and_labels_with_its_candidates(venv, monkeypatch):
+    """period_best asks the oracle's rollout once per env and period (from the state reached), and
+    every label is a candidate's mode (adaptive_srpf's target 11, target_2_slack 16)."""
+    chosen: list[tuple[int, float, int]] = []
+    real = imitation.best_for_period
+
+    def spy(sim, candidates, period_s, horizon_s, margin):
+        assert (period_s, horizon_s, margin) == (2.0, 6.0, 0.0) and len(candidates) == 2
+        chosen.append((id(sim), sim.core.now, best := real(sim, candidates, period_s, horizon_s, margin)))
+        return best
+
+    monkeypatch.setattr(imitation, "best_for_period", spy)
+    names = ["adaptive_srpf", "target_2_slack__shortest_first+skip"]
+    data = collect(venv, "period_best", NUM_LEVELS, 0, 400, 0.99, policies=names, period_s=2.0, horizon_s=6.0)
+    assert set(data["actions"][:, 0]) <= {11, 16}
+    assert {c for _, _, c in chosen} == {0, 1}, "the window must make both candidates win somewhere"
+    for sim_id in {s for s, _, _ in chosen}:
+        times = [t for s, t, _ in chosen if s == sim_id]
+        assert all(b - a >= 2.0 or b < a for a, b in itertools.pairwise(times)), times  # b < a: a new window
+    with pytest.raises(ValueError, match="use a v3 env"):
+        v2 = VecNormalize(DummyVecEnv([lambda: make_env(ENV_ID_V2, ENV_KW)]), norm_reward=False)
+        collect(v2, "period_best", NUM_LEVELS, 0, 10, 0.99, policies=names)
+    with pytest.raises(ValueError, match="period_s <= horizon_s"):
+        collect(venv, "period_best", NUM_LEVELS, 0, 10, 0.99, policies=names, period_s=9.0, horizon_s=3.0)
 
 
 def test_the_constant_teacher_refuses_the_no_budget_level_of_window_best(venv):

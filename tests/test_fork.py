@@ -12,7 +12,7 @@ from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.simulator import Simulator
 from envs.serving.workload import load_workload
-from policies.oracle import oracle_run, run_until
+from policies.oracle import oracle_run
 from tests.simtools import make_setup, make_trace
 
 UNIT = 32  # prefix-cache unit tokens of the generated traces
@@ -61,6 +61,11 @@ def test_a_fork_continues_as_the_run_and_leaves_it_untouched(case):
     assert _state(twin) == _state(whole)
     sim.run_until(Sarathi(budget, rule))
     assert _state(sim) == _state(whole)
+
+
+def run_until(sim: Simulator, action: tuple[int, Rule], until: float) -> bool:
+    """Serve with the constant action (budget, rule) until the clock passes ``until``."""
+    return sim.run_until(Sarathi(action[0], action[1].name), until_s=until)
 
 
 def _from_the_start(setup, trace, base, candidates, period_s, horizon_s):

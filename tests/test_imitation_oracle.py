@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
 from policies.imitation import best_teacher, clone, collect, teacher_labels, teacher_policy
-from policies.oracle import oracle_run
+from policies.oracle import best_for_period, oracle_run
 from policies.registry import make_policy
 from policies.training import make_env
 
@@ -180,3 +181,22 @@ def test_oracle_refuses_a_budget_that_is_not_an_action_level(small_window):
     setup, trace = small_window
     with pytest.raises(ValueError, match="budget 500"):
         oracle_run(setup.simulator(trace), (512, Rule.FCFS), budgets=[500])
+
+
+def test_best_for_period_picks_the_best_rollout_and_leaves_the_state_alone(small_window):
+    """Each candidate's score is a period of it then the first candidate to the horizon, on a fork."""
+    setup, trace = small_window
+    sim = setup.simulator(trace)
+    sim.run_until(Sarathi(512), until_s=5.0)
+    now, served = sim.core.now, sim.core.n_good + sim.core.n_bad
+    candidates = [functools.partial(Sarathi, b) for b in (512, 128, 4096)]
+    chosen = best_for_period(sim, candidates, 2.0, 8.0)
+    assert (sim.core.now, sim.core.n_good + sim.core.n_bad) == (now, served), "sim itself is not advanced"
+    scores = []
+    for make in candidates:
+        twin = sim.fork(keep_log=False)
+        if twin.run_until(make(), until_s=now + 2.0):
+            twin.run_until(candidates[0](), until_s=now + 8.0)
+        scores.append(twin.core.n_good - twin.core.n_bad)
+    assert scores[chosen] == max(scores) and chosen == scores.index(max(scores)), (chosen, scores)
+    assert len(set(scores)) > 1, "the window must make the candidates differ for the test to bite"
