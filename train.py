@@ -14,6 +14,7 @@ and ``summary.json``; the last stdout line is the summary as one JSON object.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -86,7 +87,8 @@ def main(dcfg: DictConfig) -> None:
     elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
         level, rule = a.bc_action
-        data = imitation.collect(
+        teach = functools.partial(  # one teacher rollout; with student=, DAgger's
+            imitation.collect,
             venv,
             a.bc_teacher,
             level,
@@ -98,6 +100,7 @@ def main(dcfg: DictConfig) -> None:
             period_s=a.bc_period_s,
             horizon_s=a.bc_horizon_s,
         )
+        data = teach()
         masked = training.is_masked(cfg)
         fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
         log.info(
@@ -107,19 +110,7 @@ def main(dcfg: DictConfig) -> None:
             100 * fit["agreement"],
         )
         for round_ in range(a.bc_dagger_rounds):  # DAgger: label the states the policy itself reaches
-            own = imitation.collect(
-                venv,
-                a.bc_teacher,
-                level,
-                rule,
-                a.bc_steps,
-                a.gamma,
-                a.bc_policies,
-                student=model,
-                margin=a.bc_margin,
-                period_s=a.bc_period_s,
-                horizon_s=a.bc_horizon_s,
-            )
+            own = teach(student=model)
             on_policy = imitation.agreement(model, own, masked)
             data = imitation.merge(data, own)
             fit = imitation.clone(model, data, a.bc_epochs, a.batch_size, masked)
