@@ -192,12 +192,16 @@ def collect(
             candidates = list(dict.fromkeys([*named, *candidates]))
         else:
             candidates += list(policies)
-    if teacher == "window_best":
-        acting = [_Acting(e, best_teacher(e, candidates, margin)) for e in envs]
-    elif teacher == "period_best":
-        acting = [_period_best(e, candidates, period_s, horizon_s, margin) for e in envs]
-    else:
-        acting = [_Acting(e, (level, rule)) for e in envs]
+
+    def choose(env) -> _Acting:
+        """The teacher of ``env``'s state: at an episode's start, and (period_best) each period."""
+        if teacher == "window_best":
+            return _Acting(env, best_teacher(env, candidates, margin))
+        if teacher == "period_best":
+            return _period_best(env, candidates, period_s, horizon_s, margin)
+        return _Acting(env, (level, rule))
+
+    acting = [choose(e) for e in envs]
     rows: dict[str, list[np.ndarray]] = {"obs": [], "masks": [], "actions": [], "rewards": [], "dones": []}
     rounds = -(-steps // n)
     progress = Progress(f"behaviour cloning ({teacher}): teacher rollout", rounds * n, say=log.info)
@@ -206,8 +210,7 @@ def collect(
         masks = np.stack(venv.env_method("action_masks"))
         if teacher == "period_best":  # a period ended: choose again from the state reached
             acting = [
-                _period_best(e, candidates, period_s, horizon_s, margin) if e.sim.core.now >= a.until else a
-                for e, a in zip(envs, acting, strict=True)
+                choose(e) if e.sim.core.now >= a.until else a for e, a in zip(envs, acting, strict=True)
             ]
         actions = np.stack([acting[i].label(masks[i]) for i in range(n)])
         rows["obs"].append(obs)
@@ -218,10 +221,7 @@ def collect(
         rows["dones"].append(dones)
         if teacher != "constant":
             for i in np.flatnonzero(dones):  # a new episode (window) began: find its best teacher
-                if teacher == "window_best":
-                    acting[i] = _Acting(envs[i], best_teacher(envs[i], candidates, margin))
-                else:
-                    acting[i] = _period_best(envs[i], candidates, period_s, horizon_s, margin)
+                acting[i] = choose(envs[i])
     progress.finish(rounds * n, "env steps")
     data = {k: np.stack(v) for k, v in rows.items()}  # [T, n_envs, ...]
     returns = np.zeros_like(data["rewards"], dtype=np.float64)
