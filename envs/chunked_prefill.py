@@ -56,7 +56,8 @@ function of the window's goodput.
 ## Starting State
 
 Each reset draws a workload from ``workloads``, a window of ``split`` and a load from
-``load_scale`` (each workload's own 1x), from the env's seeded generator, or, with
+``load_scale`` (each workload's own 1x; ``workload_loads`` may give a workload its own range), from the
+env's seeded generator, or, with
 ``input_seed`` set, from ``(input_seed, episode index)``: then the k-th episode of every
 env with that seed replays the same inputs (common random numbers across parallel envs).
 
@@ -105,7 +106,7 @@ batch timeline of the last iterations (:mod:`envs.render`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -200,6 +201,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         slo: a name in ``conf/slo`` (or an :class:`~envs.serving.metrics.SLOSpec`).
         cost_model: ``calibrated``, ``roofline`` or a coefficient-file path.
         load_scale: a float, or a (low, high) pair sampled uniformly per episode.
+        workload_loads: per workload name, its own ``load_scale`` (a float or a pair) in place of
+            ``load_scale``: so that each workload's episodes can sit around its own capacity.
         window_s: trace-seconds per episode (default: ``window_scale`` x the workload's ``window_s``).
         window_scale: see ``window_s``.
         input_seed: if set, episode inputs come from ``(input_seed, episode index)``.
@@ -223,6 +226,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         slo: str | SLOSpec = "strict",
         cost_model: str = "calibrated",
         load_scale: float | Sequence[float] = 1.0,
+        workload_loads: Mapping[str, float | Sequence[float]] | None = None,
         window_s: float | None = None,
         window_scale: float = 1.0,
         input_seed: int | None = None,
@@ -260,11 +264,19 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
             cost_model,
             serving,
         )
-        if isinstance(load_scale, int | float):
-            load_scale = (float(load_scale), float(load_scale))
-        self.load_range = (float(load_scale[0]), float(load_scale[-1]))
-        if not 0 < self.load_range[0] <= self.load_range[1]:
-            raise ValueError(f"load_scale must be positive and ordered, got {load_scale}")
+        names = [w.spec.name for w in self.workloads]
+        own = dict(workload_loads or {})
+        unknown = sorted(set(own) - set(names))
+        if unknown:
+            raise ValueError(
+                f"workload_loads names {unknown}, which are not among this env's workloads {names}"
+            )
+        self.load_ranges = {  # each workload's load range
+            name: _load_range(f"workload_loads[{name}]", own[name])
+            if name in own
+            else _load_range("load_scale", load_scale)
+            for name in names
+        }
         if window_scale <= 0:
             raise ValueError(f"window_scale must be > 0, got {window_scale}")
         self.window_s = window_s
@@ -300,7 +312,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
                 if len(self.workloads) > 1
                 else self.workloads[0]
             )
-            lo, hi = self.load_range
+            lo, hi = self.load_ranges[workload.spec.name]
             load = float(rng.uniform(lo, hi)) if lo < hi else lo
             window_s = (
                 self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
@@ -403,6 +415,14 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         assert self.sim is not None, "only called after reset()"
         obs, self._valid, self._mask = self.version.observe(self.sim.view)
         return obs
+
+
+def _load_range(name: str, load: float | Sequence[float]) -> tuple[float, float]:
+    """A load scale, or a (low, high) pair, as the pair episodes sample uniformly from."""
+    pair = (float(load), float(load)) if isinstance(load, int | float) else (float(load[0]), float(load[-1]))
+    if not 0 < pair[0] <= pair[1]:
+        raise ValueError(f"{name} must be positive and ordered, got {load}")
+    return pair
 
 
 class ActionMasks(gym.Wrapper, RecordConstructorArgs):

@@ -73,6 +73,8 @@ class EnvConfig:
     tp: int = 1
     cost_model: str = "calibrated"  # calibrated | roofline | path of a coefficient file
     load_scale: list[float] = field(default_factory=lambda: [1.0, 2.5])  # [low, high], uniform per episode
+    # Per workload name, its own [low, high] in place of load_scale (e.g. around each one's capacity).
+    workload_loads: dict[str, list[float]] = field(default_factory=dict)
     window_s: float | None = 60.0  # trace-seconds per training episode; None = the workload's window_s
     max_steps: int = 200_000
     reward_scale: float = 0.1
@@ -192,12 +194,22 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     )  # of a DictConfig
 
 
+def _load_pair(load: list[float]) -> bool:
+    """A load range as the env reads it: [scale] or [low, high], 0 < low <= high."""
+    return len(load) in (1, 2) and 0 < load[0] <= load[-1]
+
+
 RULES: dict[str, Rule] = {
     **prefixed("hardware", HARDWARE_RULES),
     **prefixed("model", MODEL_RULES),
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
     "env.tp": AT_LEAST_ONE,
+    "env.load_scale": Rule(_load_pair, "[scale] or [low, high] with 0 < low <= high"),
+    "env.workload_loads": Rule(
+        lambda loads: all(_load_pair(v) for v in loads.values()),
+        "a map of workload name to [scale] or [low, high] with 0 < low <= high",
+    ),
     "env.slos": Rule(
         lambda names: all(n in slo_names() for n in names),
         f"a list of conf/slo names ({', '.join(slo_names())})",

@@ -1,5 +1,7 @@
 """chunkgym/ChunkedPrefill-v1 (and v2, v1 with the stop admission): decision-level steps, the earlier-credit reward, common inputs."""
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -67,3 +69,36 @@ def test_common_inputs_replay_the_same_episode_sequence_across_envs():
         np.testing.assert_array_equal(a.sim.trace.arrival_s, b.sim.trace.arrival_s)
         a.reset(), b.reset()
     assert a.load != c.load or not np.array_equal(a.sim.trace.arrival_s, c.sim.trace.arrival_s)
+
+
+def test_workload_loads_give_each_workload_its_own_load_range():
+    kw = {**KW, "workloads": ["synthetic_azure_conv", "azure_conv"], "load_scale": (1.0, 3.0)}
+    env = make_env(workload_loads={"azure_conv": (5.0, 6.0)}, **kw)
+    assert env.load_ranges == {"synthetic_azure_conv": (1.0, 3.0), "azure_conv": (5.0, 6.0)}
+    env.reset(seed=0)
+    seen = set()
+    for _ in range(12):
+        lo, hi = (5.0, 6.0) if env.workload.spec.name == "azure_conv" else (1.0, 3.0)
+        assert lo <= env.load <= hi
+        seen.add(env.workload.spec.name)
+        env.reset()
+    assert seen == {"synthetic_azure_conv", "azure_conv"}
+    plain, same = make_env(**kw), make_env(workload_loads={}, **kw)  # no overrides: the same episodes
+    plain.reset(seed=3), same.reset(seed=3)
+    assert (plain.workload.spec.name, plain.load) == (same.workload.spec.name, same.load)
+
+
+@pytest.mark.parametrize(
+    ("loads", "message"),
+    [
+        ({"sharegpt_poisson": (1.0, 2.0)}, "workload_loads names ['sharegpt_poisson'], which are not among"),
+        (
+            {"synthetic_azure_conv": (2.0, 1.0)},
+            "workload_loads[synthetic_azure_conv] must be positive and ordered",
+        ),
+        ({"synthetic_azure_conv": 0.0}, "workload_loads[synthetic_azure_conv] must be positive and ordered"),
+    ],
+)
+def test_bad_workload_loads_are_named(loads, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_env(workload_loads=loads)

@@ -106,6 +106,14 @@ def test_keys_appended_with_plus_are_rejected_too():
         ("algo.bc_steps=-1", "algo.bc_steps=-1: must be an integer >= 0"),
         ("eval.seeds=[]", "eval.seeds=[]: must be a non-empty list"),
         (
+            "env.load_scale=[3.0,1.0]",
+            "env.load_scale=[3.0, 1.0]: must be [scale] or [low, high] with 0 < low",
+        ),
+        (
+            "+env.workload_loads.azure_conv=[0.0,2.0]",
+            "env.workload_loads={'azure_conv': [0.0, 2.0]}: must be a map of workload name to [scale] or",
+        ),
+        (
             "algo.bc_action=[5]",
             "algo.bc_action=[5]: must be a [budget level 0..8 (window_best: 9 = none), rule 0..3] pair",
         ),
