@@ -264,19 +264,18 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
             cost_model,
             serving,
         )
+        default = _load_range("load_scale", load_scale)
         names = [w.spec.name for w in self.workloads]
-        own = dict(workload_loads or {})
+        own = {
+            name: _load_range(f"workload_loads[{name}]", load)
+            for name, load in (workload_loads or {}).items()
+        }
         unknown = sorted(set(own) - set(names))
         if unknown:
             raise ValueError(
                 f"workload_loads names {unknown}, which are not among this env's workloads {names}"
             )
-        self.load_ranges = {  # each workload's load range
-            name: _load_range(f"workload_loads[{name}]", own[name])
-            if name in own
-            else _load_range("load_scale", load_scale)
-            for name in names
-        }
+        self.load_ranges = {name: own.get(name, default) for name in names}  # each workload's load range
         if window_scale <= 0:
             raise ValueError(f"window_scale must be > 0, got {window_scale}")
         self.window_s = window_s
