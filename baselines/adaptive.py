@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from envs.serving.scheduling import (
     Admission,
+    ChunkFollower,
     Plan,
     Policy,
     Rule,
     ServingView,
     admission_named,
     budget_plans,
+    stretch_head,
 )
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384, the env's action levels
@@ -84,3 +87,55 @@ class Adaptive(Policy):
     def plan(self, view: ServingView) -> Plan:
         target = latency_target_s(view, self.target_fraction, self.spend_slack)
         return adaptive_level(view, self.levels, self.rule, target, self.admission)[1]
+
+    def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
+        """:func:`adaptive_level`'s search on the plans that give the head alone each level's tokens
+        (what :func:`budget_plans` plans while a level's chunk is no more than the head's rest and
+        its KV room), priced alike.  With a :attr:`~envs.serving.cost_model.CostModel.monotone` cost
+        model the search's answer is the largest level that fits, so the last answer is checked
+        first (it fits and the next level does not) before the whole search runs again.  0 where the
+        search would ask about a level beyond that, or picks one that runs no chunk.  Only with a
+        fixed target (no ``spend_slack``)."""
+        head = stretch_head(view, plan, self.rule)
+        if head is None or self.spend_slack:
+            return None
+        levels, predict, bs, top = self.levels, view.predict_latency, view.block_size, len(self.levels) - 1
+        target = latency_target_s(view, self.target_fraction, spend_slack=False)
+        monotone = view.latency_monotone
+        last = -1  # the previous answer's level index (-1: none yet)
+
+        def chunk() -> tuple[int, float | None]:
+            nonlocal last
+            n_dec, c = view.num_decode, head.computed
+            context = view.decode_context if n_dec else 0
+            limit = min(head.target - c, (-(-c // bs) + view.free_blocks) * bs - c)
+
+            def price(i: int) -> float | None:  # None: a level beyond the head-alone plans
+                left = levels[i] - n_dec
+                if left > limit:
+                    return None
+                return predict(n_dec, context, (left,), (c,)) if left > 0 else predict(n_dec, context, (), ())
+
+            if last >= 0:
+                fit = price(last)
+                if fit is not None and fit <= target:
+                    above = price(last + 1) if last < top else math.inf
+                    if above is not None and above > target:
+                        return levels[last] - n_dec, fit
+            lo, hi, fit = 0, top, None
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                latency = price(mid)
+                if latency is None:
+                    return 0, None
+                if latency <= target:
+                    lo, fit = mid, latency
+                else:
+                    hi = mid - 1
+            left = levels[lo] - n_dec
+            if left > limit:
+                return 0, None
+            last = lo if monotone else -1
+            return left, fit
+
+        return chunk

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import Plan, Policy, Rule, ServingView, admission_named, plan_budget
+from envs.serving.scheduling import (
+    ChunkFollower,
+    Plan,
+    Policy,
+    Rule,
+    ServingView,
+    admission_named,
+    plan_budget,
+    stretch_head,
+)
 
 
 class Sarathi(Policy):
@@ -25,3 +34,11 @@ class Sarathi(Policy):
 
     def plan(self, view: ServingView) -> Plan:
         return plan_budget(view, self.budget, self.rule, admission=self.admission)
+
+    def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
+        """The head takes the budget left after the decodes (it is first in the order, and the
+        chunk, shorter than its rest, fits: :meth:`Policy.follow`'s conditions)."""
+        if stretch_head(view, plan, self.rule) is None:
+            return None
+        budget = self.budget
+        return lambda: (budget - view.num_decode, None)

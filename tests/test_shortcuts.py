@@ -1,5 +1,6 @@
-"""The core's shortcuts (cheaper SLO verdicts, deferred stretch bookkeeping) change no result:
-runs with them on and off agree bit for bit, iteration by iteration, over generated workloads."""
+"""The core's shortcuts (cheaper SLO verdicts, deferred stretch bookkeeping, chunk stretches run
+without the policy) change no result: runs with them on and off agree bit for bit, iteration by
+iteration, over generated workloads, policies and run segments."""
 
 import math
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baselines import Sarathi
+from baselines import Adaptive, Sarathi
 from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
 from envs.serving.metrics import tpot_of
 from envs.serving.simulator import Simulator
@@ -25,13 +26,19 @@ def runs(draw):
     outputs = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))  # long: numpy stretches
     blocks = draw(st.sampled_from([0, 50, 80, 200]))  # small caches: preemptions, resumed requests
     hashes = [[(i % 3) * 10_000 + u for u in range(p // UNIT)] for i, p in enumerate(prompts)]
-    budget = draw(st.sampled_from([128, 512, 4096, 16384]))
     rule = draw(st.sampled_from(["FCFS", "SHORTEST_FIRST", "SLACK_DOOMED_LAST"]))
+    if draw(st.booleans()):
+        policy = (Sarathi, draw(st.sampled_from([128, 512, 4096, 16384])), rule)
+    else:  # targets of 15-74 ms: 256-2048-token levels for these prompts; spend_slack never follows
+        policy = (Adaptive, draw(st.sampled_from([0.2, 0.3, 1.0])), rule.lower(), draw(st.booleans()))
+    segment_s = draw(st.sampled_from([math.inf, 0.05, 0.3]))  # run_until's until_s, as the oracle's periods
     trace = make_trace(np.cumsum(gaps), prompts, outputs, *((None, 0) if blocks else (hashes, UNIT)))
-    return trace, blocks, budget, rule
+    return trace, blocks, policy, segment_s
 
 
-def _run(trace, blocks: int, budget: int, rule: str, shortcuts: Shortcuts) -> tuple[Simulator, list[tuple]]:
+def _run(
+    trace, blocks: int, policy: tuple, segment_s: float, shortcuts: Shortcuts
+) -> tuple[Simulator, list[tuple]]:
     sim = make_setup(num_blocks=blocks).simulator(trace)
     core = sim.core
     core.shortcuts = shortcuts
@@ -43,7 +50,11 @@ def _run(trace, blocks: int, budget: int, rule: str, shortcuts: Shortcuts) -> tu
         )
         return False
 
-    sim.run_until(Sarathi(budget, rule), stop=record)
+    make, *args = policy
+    served = make(*args)
+    end = segment_s
+    while sim.run_until(served, stop=record, until_s=end):
+        end += segment_s
     return sim, seen
 
 
@@ -54,7 +65,7 @@ def _same(a: dict[str, float], b: dict[str, float]) -> bool:
 
 
 @pytest.mark.parametrize("shortcuts", [Shortcuts(), PROBE_SHORTCUTS], ids=["default", "probe"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=runs())
 def test_runs_with_and_without_shortcuts_agree_at_every_iteration(shortcuts, case):
     (on, seen_on), (off, seen_off) = (_run(*case, shortcuts=s) for s in (shortcuts, NO_SHORTCUTS))
@@ -73,6 +84,44 @@ def test_runs_with_and_without_shortcuts_agree_at_every_iteration(shortcuts, cas
     assert _same(on.result().metrics | {"sim_wall_s": 0.0}, off.result().metrics | {"sim_wall_s": 0.0})
 
 
+@pytest.mark.parametrize(
+    "policy", [(Sarathi, 512, "FCFS"), (Adaptive, 0.3, "fcfs"), (Adaptive, 0.3, "shortest_first")]
+)
+def test_chunk_stretches_run_long_prompts_without_asking_the_policy(policy):
+    # Eight 12k-token prompts arriving together, with streams decoding: every prompt is served
+    # in chunks; only its first chunks, its last and the ones around an arrival are planned.
+    trace = make_trace(
+        [0.0, 0.0, *np.linspace(0.5, 3.0, 8)], [300, 300, *[12_000] * 8], [400, 400, *[50] * 8]
+    )
+    runs = {}
+    for shortcuts in (Shortcuts(), NO_SHORTCUTS):
+        make, *args = policy
+        counted = _Counted(make, args)
+        sim = make_setup().simulator(trace)
+        sim.core.shortcuts = shortcuts
+        result = sim.run(counted.policy)
+        runs[shortcuts.chunk_stretches] = counted.plans, result
+    (planned, on), (every, off) = runs[True], runs[False]
+    assert planned < every / 4
+    assert _same(on.metrics | {"sim_wall_s": 0.0}, off.metrics | {"sim_wall_s": 0.0})
+    assert all(np.array_equal(on.iterations[k], off.iterations[k]) for k in off.iterations)
+
+
+class _Counted:
+    """A policy of class ``make`` whose ``plan`` calls are counted (``follow`` is its own)."""
+
+    def __init__(self, make, args) -> None:
+        self.plans = 0
+        outer = self
+
+        class Counted(make):
+            def plan(self, view):
+                outer.plans += 1
+                return super().plan(view)
+
+        self.policy = Counted(*args)
+
+
 def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_met():
     # Request 1 is preempted (50 KV blocks) and resumes more than 3x the stall bound after its
     # last token, while its TPOT stays within bound: only its resume gap says it misses.
@@ -82,7 +131,7 @@ def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_me
         [197, 230, 152, 90, 198, 268],
     )
     for shortcuts in (Shortcuts(), NO_SHORTCUTS):
-        sim, _ = _run(trace, 50, 512, "FCFS", shortcuts)
+        sim, _ = _run(trace, 50, (Sarathi, 512, "FCFS"), math.inf, shortcuts)
         core, req = sim.core, sim.core.requests[1]
         times = core.token_times[req.rid]
         assert req.preemptions and req.resume_gap > core.slo.stall_s

@@ -218,6 +218,10 @@ class VllmView:
     ) -> float:
         return self.cost_model.iteration_time(num_decode, decode_context, query_lens, computed_lens)
 
+    @property
+    def latency_monotone(self) -> bool:
+        return self.cost_model.monotone
+
 
 def mirrored(req: Request) -> VllmRequest:
     """``req`` as the view's mirror of a vLLM request (what a plan over the view names)."""

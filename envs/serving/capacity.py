@@ -14,7 +14,8 @@ parallel=1`` is the reference path):
   no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
   to the end and are judged on the summary.
 * core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
-  bookkeeping, and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
+  bookkeeping, chunk stretches run without asking the policy (:meth:`~envs.serving.scheduling.Policy.follow`),
+  and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
   every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`),
   whose plans carry the price it computed, so the clock does not price them again
   (``Plan.latency``).  The reference path's probes run with none of them.

@@ -55,8 +55,8 @@ class ServingConfig:
 class Shortcuts:
     """Bookkeeping the core may skip or defer, each with bit-identical results.
 
-    ``verdicts`` and ``stretches`` are on by default, ``deferred_ewma`` for capacity probes
-    (:data:`PROBE_SHORTCUTS`); the reference path (a capacity search with ``early_stop=False``,
+    ``verdicts``, ``stretches`` and ``chunk_stretches`` are on by default, ``deferred_ewma`` for
+    capacity probes (:data:`PROBE_SHORTCUTS`); the reference path (a capacity search with ``early_stop=False``,
     and the tests that compare both) runs with none (:data:`NO_SHORTCUTS`), so its runs measure
     and check them.
     """
@@ -67,12 +67,16 @@ class Shortcuts:
     verdicts: bool = True
     # A fast-forwarded stretch's TPOT slack is summed with numpy (in sequence).
     stretches: bool = True
+    # The loop runs the iterations that give one running prompt the chunk its policy's ``follow``
+    # names, without asking the policy to plan, on executors whose clock planning does not move
+    # (:meth:`~envs.serving.scheduling.Policy.follow`; the simulator's, not a real engine's).
+    chunk_stretches: bool = True
     # Iteration latencies wait in a list and are folded into ``latency_ewma`` when it is read: for
     # runs whose policy never reads it (capacity probes of the baselines); the list grows until then.
     deferred_ewma: bool = False
 
 
-NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False)
+NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False, chunk_stretches=False)
 PROBE_SHORTCUTS = Shortcuts(deferred_ewma=True)
 
 
@@ -379,6 +383,10 @@ class ServingCore:
         self, num_decode: int, decode_context: int, query_lens: Sequence[int], computed_lens: Sequence[int]
     ) -> float:
         return self.cost_model.iteration_time(num_decode, decode_context, query_lens, computed_lens)
+
+    @property
+    def latency_monotone(self) -> bool:
+        return self.cost_model.monotone
 
     # ---- arrivals ------------------------------------------------------------------------
     def admit_arrivals(self) -> None:

@@ -82,6 +82,10 @@ class CostModel(ABC):
     """Predicts the wall time of one engine iteration from what the batch holds."""
 
     description: str  # where its numbers come from (results name it)
+    monotone: bool = False
+    """True when no latency falls as a batch gains tokens or chunks (IEEE rounding is monotone, so
+    nonnegative terms keep it so in floating point): a planner may then take "fits within a target"
+    over growing batches as true up to one point and false beyond it."""
 
     @abstractmethod
     def iteration_time(
@@ -257,8 +261,11 @@ class RooflineCostModel(CostModel):
     """Evaluates the shared form for one (hardware, model, tp) from :class:`CostParams`.
 
     Plain Python floats throughout: the simulator calls :meth:`iteration_time` about
-    100k times per run, so no numpy on scalars.
+    100k times per run, so no numpy on scalars.  :attr:`~CostModel.monotone`: every coefficient
+    is nonnegative (:class:`CostParams` checks it), so every term grows with the batch.
     """
+
+    monotone = True
 
     def __init__(self, params: CostParams, description: str = "", serial_host: bool = False) -> None:
         self.params = params

@@ -31,7 +31,8 @@ import numpy as np
 
 from envs.serving.core import Batch, ServingCore
 from envs.serving.metrics import RequestOutcomes, request_summary
-from envs.serving.scheduling import Plan, Policy, ServingView
+from envs.serving.request import Request
+from envs.serving.scheduling import ChunkFollower, Plan, Policy, ServingView, blocks_needed
 
 ITERATION_COLUMNS = {
     "start": np.float64,  # iteration start time (s)
@@ -120,6 +121,10 @@ class SimResult:
 class Executor(Protocol):
     """What runs the batches the core schedules, and what time is."""
 
+    follows_chunks: bool
+    """Whether the loop may run a policy's followed chunks without asking it to plan
+    (:meth:`Policy.follow`): where planning takes no time on this executor's clock."""
+
     def wait_until(self, t: float) -> float:
         """The engine is idle until trace time ``t``: wait for it; the time it is then (>= ``t``)."""
         ...
@@ -193,13 +198,15 @@ class ServingLoop:
         Returns True, before the next iteration, as soon as the clock has reached
         ``until_s`` (checked first, before arrivals are admitted) or ``stop()`` holds
         (checked after admission, on the state the policy would see next).
-        ``fast_forward=False`` steps decode-only stretches one by one too (for tests:
-        the results are identical, bit for bit).
+        ``fast_forward=False`` steps decode-only stretches one by one too, and asks the policy to
+        plan every chunk stretch's iterations (for tests: the results are identical, bit for bit).
         """
         core = view = self.core
         log, step, plan = self.log, self.step, policy.plan
         advance, wait = core.advance_to_work, self.executor.wait_until
         skip = self.executor.fast_forward if fast_forward else None
+        follow = fast_forward and core.shortcuts.chunk_stretches and self.executor.follows_chunks
+        stretch = policy.follow
         while core.now < until_s:
             if not advance(wait):
                 return False
@@ -211,7 +218,35 @@ class ServingLoop:
             while not todo.chunks and not (todo.decode and core.decode.n) and core.release_idle_prefix():
                 todo = plan(view)  # nothing runs and nothing could be planned: evict, ask again
             step(todo)
+            if follow and (chunk := stretch(view, todo)) is not None:
+                self._follow(todo.chunks[-1][0], chunk, stop, until_s)
         return True
+
+    def _follow(
+        self, head: Request, chunk: ChunkFollower, stop: Callable[[], bool] | None, until_s: float
+    ) -> None:
+        """Run every decode plus ``chunk()`` tokens of ``head`` while that is what the policy would plan.
+
+        The iterations :meth:`run_until` would run, without asking the policy, until one would not
+        be such an iteration: the clock reaches ``until_s`` or an arrival (its admission changes
+        the queue), ``chunk()`` says 0 or would finish the head's prefill, the chunk's KV and the
+        decodes' do not fit (the next :meth:`~ServingCore.prepare` preempts, or the plan differs),
+        or ``stop()`` holds, asked before every iteration as there; then :meth:`run_until` goes
+        on as it would have.  Nothing else changes the state meanwhile, which is what
+        :meth:`Policy.follow`'s function assumes.
+        """
+        core, step = self.core, self.step
+        dec, kv = core.decode, core.kv
+        t_arr = core.next_arrival_time()
+        while core.now < until_s and core.now < t_arr:
+            (tokens, latency), computed = chunk(), head.computed
+            if tokens <= 0 or tokens >= head.target - computed:
+                return
+            if core.decode_block_need() + blocks_needed(kv.block_size, head, tokens) > kv.free:
+                return
+            if stop is not None and stop():
+                return
+            step(Plan(dec.n > 0, [(head, tokens)], latency))
 
     def run(
         self, policy: Policy, fast_forward: bool = True, stop: Callable[[], bool] | None = None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -195,6 +195,12 @@ class ServingView(Protocol):
         """The cost model's latency (s) for an iteration of that shape."""
         ...
 
+    @property
+    def latency_monotone(self) -> bool:
+        """Whether :meth:`predict_latency` never falls as a batch gains tokens or chunks (its cost
+        model's :attr:`~envs.serving.cost_model.CostModel.monotone`)."""
+        ...
+
 
 class Policy(ABC):
     """A scheduler: turns a view into a plan, once per iteration."""
@@ -206,6 +212,18 @@ class Policy(ABC):
 
     @abstractmethod
     def plan(self, view: ServingView) -> Plan: ...
+
+    def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
+        """For the simulator's chunk stretches, called after ``plan`` ran: where its last chunk's
+        prompt (the head, see :func:`stretch_head`) is still prefilling and first in this policy's
+        order, return a function that says how many prefill tokens this policy's plan would give the
+        head in each next iteration, as long as nothing but the head's chunks, the decodes and time
+        changes the state (no arrival, preemption, prefix release or other prompt's tokens come
+        between two calls), and the chunk leaves the head more to prefill and its KV fits: the plan
+        would then be every decode plus that one chunk, so the loop runs it without asking.  The
+        function returns 0 where it cannot say without planning, and the loop asks :meth:`plan`
+        again.  None (the default): :meth:`plan` is asked every iteration."""
+        return None
 
 
 # ---- admission arithmetic: pure, shared by the planners and the core's plan validation --------
@@ -243,6 +261,32 @@ def rule_order(view: ServingView, rule: Rule) -> Sequence[Request]:
     if rule == Rule.LEAST_SLACK:
         return sorted(cands, key=lambda r: r.deadline - per_token * r.remaining_prefill)
     return sorted(cands, key=lambda r: (r.violated, r.deadline - per_token * r.remaining_prefill))
+
+
+ChunkFollower = Callable[[], tuple[int, float | None]]
+"""A :meth:`Policy.follow` function: the head's prefill tokens in the next iteration (0: ask
+``plan``), with that iteration's price if the policy computed it (as :attr:`Plan.latency`)."""
+
+STRETCH_RULES = (Rule.FCFS, Rule.SHORTEST_FIRST)
+"""Rules under which a running prompt first in the order stays first while it alone gets prefill
+tokens: started prompts keep their arrival order, and the head's remaining prefill only shrinks."""
+
+
+def stretch_head(view: ServingView, plan: Plan, rule: Rule) -> Request | None:
+    """The prompt a chunk stretch can follow after ``plan`` ran in ``view``: its last chunk's, when
+    that prompt has more than that chunk's tokens left and is first in ``rule``'s order in a way
+    that lasts while only it gets prefill tokens (see :data:`STRETCH_RULES`; FCFS: it is the only
+    started prompt); None otherwise."""
+    if not plan.chunks or rule not in STRETCH_RULES:
+        return None
+    head, n = plan.chunks[-1]
+    if not head.running or head.target - head.computed <= n:
+        return None  # done, or its next chunk as large as this one would be its last: no stretch
+    if rule is Rule.FCFS:
+        first = view.num_prefilling == 1
+    else:
+        first = min(view.lookahead, key=_remaining_key) is head
+    return head if first else None
 
 
 def _fcfs_key(r: Request) -> tuple[bool, int]:

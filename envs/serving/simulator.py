@@ -4,7 +4,9 @@ No wall clock anywhere: each iteration advances time by the cost model's latency
 an idle engine jumps to the next arrival.  Stretches of decode-only iterations (no
 prompt waiting, so every policy's only valid plan is "step the decodes") are advanced
 without consulting the policy, up to the next event (arrival, finish, KV-block
-shortage), which is what makes an hour-long production trace take seconds.
+shortage), which is what makes an hour-long production trace take seconds; and, since
+planning takes no clock time here, the loop runs a policy's followed chunks without asking
+it (:attr:`CostModelClock.follows_chunks`, :meth:`~envs.serving.scheduling.Policy.follow`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray, n
 
 class CostModelClock:
     """The simulator's executor: a batch takes the cost model's latency on a virtual clock."""
+
+    follows_chunks = True  # a plan takes no clock time: a stretch need not ask the policy
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost = cost_model
