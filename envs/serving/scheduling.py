@@ -26,7 +26,9 @@ validates plans with the same admission arithmetic, which is why it lives here.
 budget of one iteration from a single pass (``adaptive`` asks for up to five per iteration).
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
-call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.
+call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.  Optionally implement
+``follow(view, plan)``, so the simulator runs a long prompt's middle chunks without planning
+each (:meth:`Policy.follow`, :func:`stretch_head`; tests/test_shortcuts.py checks it is exact).
 
 This module imports no implementation: the core imports it, never the reverse.
 """
