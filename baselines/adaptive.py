@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from envs.serving.scheduling import (
     Admission,
@@ -42,15 +42,31 @@ def adaptive_level(
     within ``target_s``; its index and plan (the smallest level if none fits).  The plans come
     from :func:`~envs.serving.scheduling.budget_plans`: one planning pass for all levels."""
     plans = budget_plans(view, levels[-1], rule, admission)
-    lo, hi = 0, len(levels) - 1
+    lo = 0
     if view.queue:
-        while lo < hi:  # invariant: levels[lo] fits (or is the smallest), levels[hi + 1:] do not
-            mid = (lo + hi + 1) // 2
-            if plans.latency(levels[mid]) <= target_s:
-                lo = mid
-            else:
-                hi = mid - 1
+        found = largest_fitting(len(levels), lambda i: plans.latency(levels[i]), target_s)
+        assert found is not None, "a plan's latency is always known"
+        lo = found[0]
     return lo, plans.plan(levels[lo])
+
+
+def largest_fitting(
+    count: int, latency: Callable[[int], float | None], target_s: float
+) -> tuple[int, float | None] | None:
+    """The binary search of :func:`adaptive_level` over indices ``0 .. count - 1``: the largest whose
+    ``latency`` is within ``target_s`` (0 if none) and that latency (None if it was never asked), or
+    None as soon as ``latency`` answers None (it cannot say)."""
+    lo, hi, fit = 0, count - 1, None
+    while lo < hi:  # invariant: lo fits (or is 0), indices above hi do not
+        mid = (lo + hi + 1) // 2
+        price = latency(mid)
+        if price is None:
+            return None
+        if price <= target_s:
+            lo, fit = mid, price
+        else:
+            hi = mid - 1
+    return lo, fit
 
 
 class Adaptive(Policy):
@@ -122,16 +138,10 @@ class Adaptive(Policy):
                     above = price(last + 1) if last < top else math.inf
                     if above is not None and above > target:
                         return levels[last] - n_dec, fit
-            lo, hi, fit = 0, top, None
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                latency = price(mid)
-                if latency is None:
-                    return 0, None
-                if latency <= target:
-                    lo, fit = mid, latency
-                else:
-                    hi = mid - 1
+            found = largest_fitting(len(levels), price, target)
+            if found is None:
+                return 0, None
+            lo, fit = found
             left = levels[lo] - n_dec
             if left > limit:
                 return 0, None

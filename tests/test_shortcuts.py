@@ -95,11 +95,10 @@ def test_chunk_stretches_run_long_prompts_without_asking_the_policy(policy):
     )
     runs = {}
     for shortcuts in (Shortcuts(), NO_SHORTCUTS):
-        make, *args = policy
-        counted = _Counted(make, args)
+        counted = _counted(*policy)
         sim = make_setup().simulator(trace)
         sim.core.shortcuts = shortcuts
-        result = sim.run(counted.policy)
+        result = sim.run(counted)
         runs[shortcuts.chunk_stretches] = counted.plans, result
     (planned, on), (every, off) = runs[True], runs[False]
     assert planned < every / 4
@@ -107,19 +106,17 @@ def test_chunk_stretches_run_long_prompts_without_asking_the_policy(policy):
     assert all(np.array_equal(on.iterations[k], off.iterations[k]) for k in off.iterations)
 
 
-class _Counted:
-    """A policy of class ``make`` whose ``plan`` calls are counted (``follow`` is its own)."""
+def _counted(make, *args):
+    """A ``make(*args)`` policy that counts its ``plan`` calls in ``plans`` (``follow`` is its own)."""
 
-    def __init__(self, make, args) -> None:
-        self.plans = 0
-        outer = self
+    class Counted(make):
+        plans = 0
 
-        class Counted(make):
-            def plan(self, view):
-                outer.plans += 1
-                return super().plan(view)
+        def plan(self, view):
+            self.plans += 1
+            return super().plan(view)
 
-        self.policy = Counted(*args)
+    return Counted(*args)
 
 
 def test_a_long_wait_after_a_preemption_misses_the_stall_bound_though_tpot_is_met():
