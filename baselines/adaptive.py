@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from envs.serving.scheduling import (
@@ -109,7 +108,8 @@ class Adaptive(Policy):
         (what :func:`budget_plans` plans while a level's chunk is no more than the head's rest and
         its KV room), priced alike.  With a :attr:`~envs.serving.cost_model.CostModel.monotone` cost
         model the search's answer is the largest level that fits, so the last answer is checked
-        first (it fits and the next level does not) before the whole search runs again.  0 where the
+        first (it fits and the next level does not; the latter is known without pricing while no
+        decode has left, since a batch's contexts only grow) before the whole search runs again.  0 where the
         search would ask about a level beyond that, or picks one that runs no chunk.  Only with a
         fixed target (no ``spend_slack``)."""
         head = stretch_head(view, plan, self.rule)
@@ -119,9 +119,10 @@ class Adaptive(Policy):
         target = latency_target_s(view, self.target_fraction, spend_slack=False)
         monotone = view.latency_monotone
         last = -1  # the previous answer's level index (-1: none yet)
+        above_at = -1  # the decode count when the level above it was last priced over the target
 
         def chunk() -> tuple[int, float | None]:
-            nonlocal last
+            nonlocal last, above_at
             n_dec, c = view.num_decode, head.computed
             context = view.decode_context if n_dec else 0
             limit = min(head.target - c, (-(-c // bs) + view.free_blocks) * bs - c)
@@ -135,8 +136,15 @@ class Adaptive(Policy):
             if last >= 0:
                 fit = price(last)
                 if fit is not None and fit <= target:
-                    above = price(last + 1) if last < top else math.inf
+                    if last == top:
+                        return levels[last] - n_dec, fit
+                    if above_at == n_dec and levels[last + 1] - n_dec <= limit:
+                        # Priced over the target with these decodes; its batch has only grown since
+                        # (their contexts and the head's), so it is over the target still.
+                        return levels[last] - n_dec, fit
+                    above = price(last + 1)
                     if above is not None and above > target:
+                        above_at = n_dec
                         return levels[last] - n_dec, fit
             found = largest_fitting(len(levels), price, target)
             if found is None:
@@ -145,7 +153,8 @@ class Adaptive(Policy):
             left = levels[lo] - n_dec
             if left > limit:
                 return 0, None
-            last = lo if monotone else -1
+            # The search priced the level above its answer over the target (if there is one).
+            last, above_at = (lo, n_dec) if monotone else (-1, -1)
             return left, fit
 
         return chunk

@@ -143,3 +143,24 @@ def test_shortcuts_are_set_before_the_run_starts():
     sim.run_until(Sarathi(512, "FCFS"), until_s=0.05)
     with pytest.raises(ValueError, match="set before a run starts"):
         sim.core.shortcuts = Shortcuts()
+
+
+def test_a_followed_adaptive_level_is_priced_again_once_a_decode_leaves():
+    # Streams finishing one by one while 12k-token prompts are served in chunks: with fewer
+    # decodes, the level above the followed one can fit again (at 0.3 x TPOT here it does), so the
+    # follower's "still over the target" holds only while the decode count is the one it was
+    # priced at.
+    n = 24
+    trace = make_trace(
+        [*np.linspace(0, 0.2, n), *np.linspace(1.0, 3.0, 6)],
+        [3000] * n + [12_000] * 6,
+        [*np.linspace(30, 600, n).astype(int), *[20] * 6],
+    )
+    for fraction in (0.25, 0.3, 0.4):
+        iterations = []
+        for shortcuts in (Shortcuts(), NO_SHORTCUTS):
+            sim = make_setup().simulator(trace)
+            sim.core.shortcuts = shortcuts
+            iterations.append(sim.run(Adaptive(fraction, "fcfs")).iterations)
+        on, off = iterations
+        assert all(np.array_equal(on[k], off[k]) for k in off), fraction

@@ -117,12 +117,15 @@ class DecodeGroup:
 
     def context_sums(self, clock: int, count: int) -> np.ndarray:
         """:meth:`context_sum` of the ``count`` decode iterations from ``clock`` on (int64)."""
-        return self._offset + self.n * np.arange(clock + 1, clock + count + 1, dtype=np.int64)
+        first, n = self.context_sum(clock), self.n
+        if not n:
+            return np.full(count, first, dtype=np.int64)
+        return np.arange(first, first + n * count, n, dtype=np.int64)
 
     def block_needs(self, clock: int, count: int) -> np.ndarray:
         """:meth:`block_need` of the ``count`` decode iterations from ``clock`` on (int64)."""
         phase = np.array(self.phase, dtype=np.int64)
-        return phase[-np.arange(clock, clock + count, dtype=np.int64) % self.bs]
+        return phase[np.arange(-clock, -clock - count, -1, dtype=np.int64) % self.bs]
 
     def block_need(self, clock: int) -> int:
         """New KV blocks the members need for the decode iteration at ``clock``."""
@@ -183,10 +186,7 @@ class DecodeGroup:
                 slack += tpot - (t_end - last)
                 last = t_end
         else:
-            terms = np.empty(len(gaps) + 1)
-            terms[0] = slack
-            np.subtract(tpot, gaps, out=terms[1:])
-            slack = float(np.cumsum(terms)[-1])
+            slack = float(np.concatenate(([slack], tpot - gaps)).cumsum()[-1])
             last = ends[-1]
         self.slack_base = slack
         self.end.extend(ends)
@@ -554,6 +554,16 @@ class ServingCore:
         kv.allocate(total)
         n_dec = dec.n if run_decode else 0
         return Batch(n_dec, dec.context_sum(dec.clock) if n_dec else 0, chunks, plan.latency)
+
+    def begin_followed(self, head: Request, tokens: int, blocks: int, latency: float | None) -> Batch:
+        """:meth:`begin` of every decode plus ``tokens`` of ``head``, a chunk stretch's iteration:
+        the loop has checked what :meth:`begin` would (``head`` is the running prompt the last plan
+        gave a chunk, ``tokens`` leaves some of it, the ``blocks`` it and the decodes need are
+        free), so this only allocates them."""
+        self.kv.allocate(blocks)
+        dec = self.decode
+        n = dec.n
+        return Batch(n, dec.context_sum(dec.clock) if n else 0, [(head, tokens, head.computed)], latency)
 
     def _start(self, req: Request) -> None:
         req.running = True

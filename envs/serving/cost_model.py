@@ -330,9 +330,14 @@ class RooflineCostModel(CostModel):
         chunks = len(prefill_tokens)
         if chunks:
             pair, chunk = self._pair, self._chunk
-            for q, c in zip(prefill_tokens, prefill_context, strict=True):
+            if chunks == 1:  # the common shape, without the zip: the same operations
+                (q,), (c,) = prefill_tokens, prefill_context
                 tokens += q
                 attn += chunk + pair * q * (c + 0.5 * (q + 1))
+            else:
+                for q, c in zip(prefill_tokens, prefill_context, strict=True):
+                    tokens += q
+                    attn += chunk + pair * q * (c + 0.5 * (q + 1))
         if tokens <= 0:
             return 0.0
         seqs = num_decode + chunks
@@ -347,14 +352,19 @@ class RooflineCostModel(CostModel):
     def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         # iteration_time's decode-only path, operation for operation: numpy's float64 ops round
         # exactly as Python's, so every element equals the scalar call's result.
+        # In place, each term added the other way round (IEEE addition and multiplication commute).
         if num_decode <= 0:
             return np.zeros(len(decode_context))
-        attn = self._dec_seq * num_decode + self._dec_tok * decode_context.astype(np.float64)
-        gpu = self._engine_time(num_decode, num_decode) + self._layers * (self.linear_time(num_decode) + attn)
+        gpu = decode_context * self._dec_tok  # float64, as Python's int * float
+        gpu += self._dec_seq * num_decode  # attention
+        gpu += self.linear_time(num_decode)
+        gpu *= self._layers
+        gpu += self._engine_time(num_decode, num_decode)
         cpu = self._cpu + self._cpu_seq * num_decode + self._cpu_tok * num_decode + 0.0
         if self.serial_host:
-            return gpu + cpu
-        return np.where(gpu > cpu, gpu, cpu)
+            gpu += cpu
+            return gpu
+        return np.maximum(gpu, cpu, out=gpu)  # no NaN: the larger, as ``gpu if gpu > cpu else cpu``
 
     def decode_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         context = np.asarray(decode_context, dtype=np.float64)

@@ -31,7 +31,6 @@ import numpy as np
 
 from envs.serving.core import Batch, ServingCore
 from envs.serving.metrics import RequestOutcomes, request_summary
-from envs.serving.request import Request
 from envs.serving.scheduling import ChunkFollower, Plan, Policy, ServingView, blocks_needed
 
 ITERATION_COLUMNS = {
@@ -174,9 +173,12 @@ class ServingLoop:
 
     def step(self, plan: Plan) -> float:
         """Run one iteration of ``plan``; returns its latency in seconds."""
+        return self._run(self.core.begin(plan))
+
+    def _run(self, batch: Batch) -> float:
+        """Execute a batch the core has begun, book it on the core and log it; its latency."""
         core = self.core
         start = core.now
-        batch = core.begin(plan)
         log = self.log
         used = core.kv.used if log.records else 0
         end, latency = self.executor.execute(batch, start)
@@ -218,35 +220,58 @@ class ServingLoop:
             while not todo.chunks and not (todo.decode and core.decode.n) and core.release_idle_prefix():
                 todo = plan(view)  # nothing runs and nothing could be planned: evict, ask again
             step(todo)
-            if follow and (chunk := stretch(view, todo)) is not None:
-                self._follow(todo.chunks[-1][0], chunk, stop, until_s)
+            if (
+                follow
+                and (chunk := stretch(view, todo)) is not None
+                and self._follow(stretch, todo, chunk, stop, until_s)
+            ):
+                return True  # stop() held: asked once per iteration
         return True
 
     def _follow(
-        self, head: Request, chunk: ChunkFollower, stop: Callable[[], bool] | None, until_s: float
-    ) -> None:
-        """Run every decode plus ``chunk()`` tokens of ``head`` while that is what the policy would plan.
+        self,
+        follow: Callable[[ServingView, Plan], ChunkFollower | None],
+        plan: Plan,
+        chunk: ChunkFollower,
+        stop: Callable[[], bool] | None,
+        until_s: float,
+    ) -> bool:
+        """Run every decode plus ``chunk()`` tokens of the head (``plan``'s last chunk's prompt)
+        while that is what the policy would plan; True if it ended because ``stop()`` held.
 
         The iterations :meth:`run_until` would run, without asking the policy, until one would not
-        be such an iteration: the clock reaches ``until_s`` or an arrival (its admission changes
-        the queue), ``chunk()`` says 0 or would finish the head's prefill, the chunk's KV and the
-        decodes' do not fit (the next :meth:`~ServingCore.prepare` preempts, or the plan differs),
-        or ``stop()`` holds, asked before every iteration as there; then :meth:`run_until` goes
-        on as it would have.  Nothing else changes the state meanwhile, which is what
+        be such an iteration: the clock reaches ``until_s``, ``chunk()`` says 0 or would finish the
+        head's prefill, the chunk's KV and the decodes' do not fit (the next
+        :meth:`~ServingCore.prepare` preempts, or the plan differs), ``stop()`` holds (asked before
+        every iteration, as there), or, once arrivals have been admitted (as :meth:`run_until`
+        would admit them, before ``stop()``), the policy's ``follow`` on the iteration that ran last
+        no longer names a function (a new prompt comes first); then :meth:`run_until` goes on as it
+        would have.  Between arrivals nothing else changes the state, which is what
         :meth:`Policy.follow`'s function assumes.
         """
-        core, step = self.core, self.step
-        dec, kv = core.decode, core.kv
+        core, run, kv = self.core, self._run, self.core.kv
+        head = plan.chunks[-1][0]
         t_arr = core.next_arrival_time()
-        while core.now < until_s and core.now < t_arr:
-            (tokens, latency), computed = chunk(), head.computed
-            if tokens <= 0 or tokens >= head.target - computed:
-                return
-            if core.decode_block_need() + blocks_needed(kv.block_size, head, tokens) > kv.free:
-                return
+        while core.now < until_s:
+            if core.now >= t_arr:
+                core.advance_to_work(self.executor.wait_until)  # the head is queued: admits, never waits
+                found = follow(core, plan)
+                if found is None:
+                    return False
+                chunk, t_arr = found, core.next_arrival_time()
+            tokens, latency = chunk()
+            if tokens <= 0 or tokens >= head.target - head.computed:
+                return False
+            blocks = core.decode_block_need() + blocks_needed(kv.block_size, head, tokens)
+            if blocks > kv.free:
+                return False
             if stop is not None and stop():
-                return
-            step(Plan(dec.n > 0, [(head, tokens)], latency))
+                return True
+            batch = core.begin_followed(head, tokens, blocks, latency)
+            run(batch)
+            if core.now >= t_arr:  # follow asks about the iteration that ran
+                plan = Plan(batch.num_decode > 0, [(head, tokens)], batch.latency)
+        return False
 
     def run(
         self, policy: Policy, fast_forward: bool = True, stop: Callable[[], bool] | None = None

@@ -224,7 +224,9 @@ class Policy(ABC):
         between two calls), and the chunk leaves the head more to prefill and its KV fits: the plan
         would then be every decode plus that one chunk, so the loop runs it without asking.  The
         function returns 0 where it cannot say without planning, and the loop asks :meth:`plan`
-        again.  None (the default): :meth:`plan` is asked every iteration."""
+        again.  Once arrivals have been admitted during a stretch, the loop calls this again, with the
+        iteration that ran last as ``plan``, for a function that holds from the new state on (or
+        None: the stretch ends).  None (the default): :meth:`plan` is asked every iteration."""
         return None
 
 

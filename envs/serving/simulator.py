@@ -139,17 +139,17 @@ class CostModelClock:
         dec = core.decode
         clock = dec.clock
         latency = self.cost.decode_iteration_times(dec.n, dec.context_sums(clock, limit))
-        times = np.empty(limit + 1)
-        times[0] = core.now
-        times[1:] = latency
-        np.cumsum(times, out=times)  # times[i]: start of iteration i, end of iteration i - 1
-        ends = times[1:]
-        previous = times[:-1].copy()
-        previous[0] = dec.last_time
-        allocated = np.cumsum(dec.block_needs(clock, limit))
-        gaps = ends - previous
-        ok = (times[:-1] < t_arr) & (allocated <= core.kv.free) & (gaps <= core.slo.stall_s)
-        k = limit if ok.all() else int(np.argmin(ok))
+        times = np.concatenate(([core.now], latency)).cumsum()  # [i]: start of iteration i, end of i - 1
+        starts, ends = times[:-1], times[1:]
+        gaps = ends - starts
+        gaps[0] = ends[0] - dec.last_time
+        allocated = dec.block_needs(clock, limit).cumsum()
+        # The first iteration that must not run: it would start at or after the arrival, over-commit
+        # the KV cache (both searched: start times and allocations only grow) or stall.
+        k = min(int(starts.searchsorted(t_arr)), int(allocated.searchsorted(core.kv.free, "right")))
+        stalls = (gaps[:k] > core.slo.stall_s).nonzero()[0]
+        if len(stalls):
+            k = int(stalls[0])
         return ends[:k].tolist(), latency[:k], core.kv.used + allocated[:k], gaps[:k]
 
 
