@@ -6,6 +6,7 @@ Runs on the committed ``conf/cost`` files (no data needed).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,16 @@ def test_decode_iteration_times_are_iteration_time_bit_for_bit(path: Path) -> No
         expected = [cost.iteration_time(n, int(c), (), ()) for c in contexts]
         assert cost.decode_iteration_times(n, contexts).tolist() == expected
         assert super(RooflineCostModel, cost).decode_iteration_times(n, contexts).tolist() == expected
+
+
+@pytest.mark.parametrize("serial_host", [False, True])
+def test_a_pickled_model_is_rebuilt_from_its_constructor_arguments(serial_host: bool) -> None:
+    # What a pool worker receives: the same prices, the same description and host rule.
+    cost = RooflineCostModel(read_cost_file(EXAMPLE)["params"], "example", serial_host)
+    copy = pickle.loads(pickle.dumps(cost))
+    assert (copy.params, copy.description, copy.serial_host) == (cost.params, "example", serial_host)
+    for batch in [(0, 0, (512,), (0,)), (32, 40_000, (), ()), (8, 9000, (300, 40), (1000, 0))]:
+        assert copy.iteration_time(*batch) == cost.iteration_time(*batch)
 
 
 def test_roofline_v0_is_the_textbook_roofline() -> None:

@@ -165,12 +165,13 @@ class DecodeGroup:
         tpot = self.tpot_s
         if self.n > len(self.joiners):  # members that emitted at last_time gain B minus this gap
             self.slack_base += tpot - (t_end - self.last_time)
-        for req in self.joiners:
-            # A joiner's first and latest emissions are prefill tokens: times, not decode ranges.
-            first, last = cast(float, req.emissions[0]), cast(float, req.emissions[-1])
-            slack = tpot * (req.generated - 1) - (last - first) + tpot - (t_end - last)
-            heapq.heappush(self._slack_heap, (slack - self.slack_base, req.rid, req.decode_join, req))
-        self.joiners = []
+        if self.joiners:
+            for req in self.joiners:
+                # A joiner's first and latest emissions are prefill tokens: times, not decode ranges.
+                first, last = cast(float, req.emissions[0]), cast(float, req.emissions[-1])
+                slack = tpot * (req.generated - 1) - (last - first) + tpot - (t_end - last)
+                heapq.heappush(self._slack_heap, (slack - self.slack_base, req.rid, req.decode_join, req))
+            self.joiners = []
         self.end.append(t_end)
         self.last_time = t_end
         self.clock += 1
@@ -203,9 +204,11 @@ class DecodeGroup:
             heapq.heappop(heap)
         return math.inf
 
-    def pop_finished(self) -> list[Request]:
-        done = []
+    def pop_finished(self) -> Sequence[Request]:
         heap = self.finish_heap
+        if not heap or heap[0][0] > self.clock:
+            return ()  # most decode steps: nobody finishes
+        done = []
         while heap and heap[0][0] <= self.clock:
             _, _, j, req = heapq.heappop(heap)
             if req.status is Status.DECODING and req.decode_join == j:
