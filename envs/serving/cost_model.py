@@ -300,8 +300,8 @@ class RooflineCostModel(CostModel):
 
     def __reduce__(self) -> tuple[type[RooflineCostModel], tuple[CostParams, str, bool]]:
         # Pickled (to a pool worker) as its constructor's arguments: CPython 3.11 reads the
-        # attributes of an object restored through its ``__dict__`` (pickle's default) ~1.5x slower,
-        # and ``iteration_time`` reads a dozen per call.
+        # attributes of an object restored through its ``__dict__`` (pickle's default) more slowly
+        # than a constructed one's, and ``iteration_time`` reads a dozen per call.
         return type(self), (self.params, self.description, self.serial_host)
 
     def linear_time(self, num_tokens: int) -> float:
