@@ -136,14 +136,10 @@ class Adaptive(Policy):
             if last >= 0:
                 fit = price(last)
                 if fit is not None and fit <= target:
-                    if last == top:
-                        return levels[last] - n_dec, fit
-                    if above_at == n_dec and levels[last + 1] - n_dec <= limit:
-                        # Priced over the target with these decodes; its batch has only grown since
-                        # (their contexts and the head's), so it is over the target still.
-                        return levels[last] - n_dec, fit
-                    above = price(last + 1)
-                    if above is not None and above > target:
+                    # No level above, or it was priced over the target with these decodes and its
+                    # batch has only grown since (their contexts and the head's): over it still.
+                    known_over = last == top or (above_at == n_dec and levels[last + 1] - n_dec <= limit)
+                    if known_over or ((above := price(last + 1)) is not None and above > target):
                         above_at = n_dec
                         return levels[last] - n_dec, fit
             found = largest_fitting(len(levels), price, target)
