@@ -77,6 +77,7 @@ class VllmReplayConfig(ReplayConfig):
     output_dir: str = "outputs/vllm/replay"
     gpu_memory_utilization: float = 0.9  # device cuda: GPU memory vLLM may take; serving.num_blocks must fit
     enforce_eager: bool = True  # device cuda: False captures CUDA graphs for decode batches
+    pin_heap: bool = True  # device cpu: glibc's heap never maps or trims (engine/vllm_backend/heap.py)
     BACKENDS: ClassVar[tuple[str, ...]] = ("vllm", "sim")
 
     def __post_init__(self) -> None:
@@ -117,6 +118,7 @@ def settings(conf: VllmReplayConfig, policy: str | None = None) -> llm.EngineSet
         conf.device,
         conf.gpu_memory_utilization,
         conf.enforce_eager,
+        conf.pin_heap,
     )
 
 
