@@ -12,7 +12,7 @@ from chunkgym import REPO_ROOT
 
 PROBE = """
 import ctypes, sys
-from engine.vllm_backend.heap import pin_heap
+from engine.vllm_backend import heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -20,8 +20,9 @@ class MallInfo2(ctypes.Structure):
 
 info = ctypes.CDLL("libc.so.6").mallinfo2
 info.restype = MallInfo2
+assert not heap.pinned
 if sys.argv[1] == "pinned":
-    assert pin_heap()
+    assert heap.pin_heap() and heap.pinned
 before = info().hblks
 block = bytearray(64 << 20)
 print(info().hblks - before)

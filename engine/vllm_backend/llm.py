@@ -13,8 +13,8 @@ threads: on a shared machine, vLLM's default binding pins a thread per core and 
 another process holds one.  These variables are set (unless already set) before vLLM is imported;
 the CUDA build ignores the ``VLLM_CPU_*`` ones.  Also on CPU, :func:`start` pins the process's heap
 (:func:`~engine.vllm_backend.heap.pin_heap`; ``pin_heap=False`` leaves glibc's default), so a step
-costs the same whatever steps ran before it; the pin holds for the rest of the process.  On CUDA (the ``vllm`` wheel), vLLM may use
-``gpu_memory_utilization`` of the GPU's memory and the KV cache gets exactly ``serving.num_blocks``
+costs the same whatever steps ran before it; the pin holds for the rest of the process.  On CUDA
+(the ``vllm`` wheel), vLLM may use ``gpu_memory_utilization`` of the GPU's memory and the KV cache gets exactly ``serving.num_blocks``
 blocks (which must fit in it), so the simulator holds the same cache on either device.
 """
 
@@ -38,7 +38,7 @@ from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt  # noqa: E4
 from vllm.platforms import current_platform  # noqa: E402
 
 from calibration.sources.engine import machine as where  # noqa: E402
-from engine.vllm_backend.heap import pin_heap  # noqa: E402
+from engine.vllm_backend import heap  # noqa: E402
 from envs.serving.core import ServingConfig  # noqa: E402
 from envs.serving.specs import ModelSpec, load_model  # noqa: E402
 
@@ -142,10 +142,6 @@ def engine_args(settings: EngineSettings, path: Path) -> EngineArgs:
     )
 
 
-heap_pinned = False
-"""Whether :func:`start` has pinned this process's heap (``heap.pin_heap``); :func:`machine` says so."""
-
-
 def start(settings: EngineSettings, root: Path) -> LLMEngine:
     """vLLM's engine on the checkpoint of ``settings.model`` (written under ``root`` if missing)."""
     check_device(settings)
@@ -153,8 +149,7 @@ def start(settings: EngineSettings, root: Path) -> LLMEngine:
     path = checkpoint(settings.model, settings.weights_seed, root)
     torch.set_num_threads(settings.threads)
     if settings.device == "cpu" and settings.pin_heap:
-        global heap_pinned
-        heap_pinned = heap_pinned or pin_heap()
+        heap.pin_heap()
     return LLMEngine.from_engine_args(engine_args(settings, path))
 
 
@@ -244,8 +239,8 @@ def kv_used(engine: LLMEngine) -> int:
 def machine(settings: EngineSettings) -> str:
     """Where vLLM ran, for a cost file's ``source``."""
     mode = "eager" if settings.enforce_eager else "CUDA graphs"
-    heap = ", glibc heap pinned" if heap_pinned else ""
+    pinned = ", glibc heap pinned" if heap.pinned else ""
     return (
-        f"vLLM {VERSION} ({settings.device.upper()} backend, {mode}, synchronous scheduling{heap}) "
+        f"vLLM {VERSION} ({settings.device.upper()} backend, {mode}, synchronous scheduling{pinned}) "
         f"on {where(settings.device, settings.threads)}"
     )
