@@ -193,3 +193,10 @@ def test_commands_reject_an_unknown_key_in_one_line(module):
 
     with pytest.raises(SystemExit, match="no_such_key"):
         importlib.import_module(module).main(["no_such_key=1"])
+
+
+def test_bench_rejects_a_bad_reference_step_in_one_line():
+    from engine.vllm_backend.sim_to_real import main
+
+    with pytest.raises(SystemExit, match="reference_step_s"):
+        main(["reference_step_s=0"])

@@ -2,6 +2,8 @@
 
 1. profile vLLM (its own scheduler) over :func:`engine.vllm_backend.profile.grid` and fit the cost
    model (:func:`engine.vllm_backend.profile.calibrate`), writing the coefficient file into ``out``;
+   with ``reference_step_s`` set, scale ``load_scale`` by this machine's speed (:func:`machine_load`),
+   so a slower machine serves the windows in the regime the load was chosen for;
 2. per policy, start vLLM with the chunkgym scheduler running it and replay every window of ``seeds``
    in real time (:mod:`engine.vllm_backend.replay`); the simulator serves the same windows with the
    fitted profile;
@@ -31,7 +33,7 @@ import pandas as pd
 
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli
-from chunkgym.config import AT_LEAST_ONE, Rule
+from chunkgym.config import AT_LEAST_ONE, POSITIVE, Rule
 from chunkgym.io import atomic_write_text
 from engine.replay import Replay, check, write
 from engine.sim_to_real import _rounded
@@ -39,6 +41,8 @@ from engine.vllm_backend import llm
 from engine.vllm_backend.compare import compare, table
 from engine.vllm_backend.profile import calibrate, grid
 from engine.vllm_backend.replay import VllmReplayConfig, VllmServer, replay
+from engine.vllm_backend.speed import SPEED_PROBE, machine_load
+from envs.serving.cost_model import RooflineCostModel
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm_bench.yaml"
 CONFIG_NAME = "sim_to_real_vllm"
@@ -53,6 +57,9 @@ class SimToRealVllmConfig(VllmReplayConfig):
     warmup: int = 1  # untimed repeats before them
     grid_stride: int = 1  # profile every k-th composition of the grid (smoke runs)
     tie: float = 0.05  # goodputs less than this apart (relative) tie in the rank comparison
+    # seconds of speed.SPEED_PROBE on the machine load_scale was chosen on; the windows are served at
+    # load_scale x reference_step_s / this machine's fitted time for it.  null: at load_scale as given
+    reference_step_s: float | None = None
     out: str = "outputs/sim_to_real_vllm"
 
     def replay_config(self, seed: int) -> VllmReplayConfig:
@@ -66,6 +73,7 @@ RULES: dict[str, Rule] = {
     "grid_stride": AT_LEAST_ONE,
     "tie": Rule(lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
     "seeds": Rule(lambda v: len(v) > 0, "a non-empty list of window seeds"),
+    "reference_step_s": Rule(lambda v: v is None or POSITIVE.test(v), "null or seconds > 0"),
 }
 
 
@@ -106,7 +114,12 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         f"fitted {cal.fit.points} compositions in {cal.seconds:.0f} s ({cal.span:.1f}x latency span): in-sample "
         f"MAPE {cal.fit.in_sample_mape:.3f}, held-out {cal.fit.heldout_mape:.3f} -> {cal.path}"
     )
-    fitted = dataclasses.replace(conf, cost_model=str(cal.path))
+    load, speed = machine_load(conf.load_scale, conf.reference_step_s, RooflineCostModel(cal.fit.params))
+    fitted = dataclasses.replace(conf, cost_model=str(cal.path), load_scale=load)
+    if conf.reference_step_s is not None:
+        log(
+            f"this machine runs {SPEED_PROBE.label!r} at {speed:.3f}x the reference's speed: load {conf.load_scale:g} -> {load:g}"
+        )
     done = serve_all(fitted, log, loads)
     loads.append(os.getloadavg()[0])
     merged = Replay(
@@ -123,7 +136,9 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         windows=len(conf.seeds),
         vllm_version=llm.VERSION,
         load_avg=float(np.mean(loads)),
-        load_scale=conf.load_scale,
+        load_scale=load,
+        load_scale_nominal=conf.load_scale,
+        machine_speed=speed,
         tie=conf.tie,
         profile={
             "compositions": cal.fit.points,
@@ -136,7 +151,7 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         slice={
             "workload": first["workload"],
             "seeds": list(conf.seeds),
-            "load_scale": conf.load_scale,
+            "load_scale": load,
             "window_s": conf.window_s,
             "length_scale": conf.length_scale,
             "requests": [done[(conf.policies[0], "vllm", s)].rows[0].row["requests"] for s in conf.seeds],
