@@ -69,6 +69,11 @@ class Composition:
         if any(q < 1 for q in self.prefill_tokens) or min((*self.decode_contexts, *self.prefill_context)) < 0:
             raise ValueError(f"Composition {self.label!r}: chunks need >= 1 token and contexts >= 0")
 
+    def cost_args(self) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+        """The cost model's ``iteration_time`` arguments; the decode context counts the new tokens, as the core does."""
+        n = len(self.decode_contexts)
+        return n, sum(self.decode_contexts) + n, self.prefill_tokens, self.prefill_context
+
     def items(self, block_size: int, vocab_size: int) -> tuple[list[BatchItem], int]:
         """Our engine's batch items over disjoint, consecutive blocks, and the number of blocks they use.
 
@@ -157,9 +162,7 @@ class Sample:
 
     @classmethod
     def of(cls, m: Measurement) -> Sample:
-        c = m.composition
-        decode_kv = sum(c.decode_contexts) + len(c.decode_contexts)
-        return cls(len(c.decode_contexts), decode_kv, c.prefill_tokens, c.prefill_context, m.median_s)
+        return cls(*m.composition.cost_args(), m.median_s)
 
     def predict(self, cost: RooflineCostModel) -> float:
         return cost.iteration_time(
