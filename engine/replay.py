@@ -200,8 +200,9 @@ def head(trace: Trace, span_s: float) -> Trace:
     )
 
 
-def run_sim(conf: ReplayConfig, policy: str, trace: Trace) -> SimResult:
-    return run_spec(conf, policy).setup.build().simulator(trace).run(make_policy(policy))
+def run_sim(conf: ReplayConfig, policy: str, trace: Trace, time_scale: float = 1.0) -> SimResult:
+    """``policy`` on ``trace`` in the simulator (``time_scale``: see :class:`~envs.serving.simulator.CostModelClock`)."""
+    return run_spec(conf, policy).setup.build().simulator(trace, time_scale).run(make_policy(policy))
 
 
 def row(conf: ReplayConfig, policy: str, trace: Trace, result: SimResult, backend: str) -> RowResult:

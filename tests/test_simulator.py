@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from baselines import PrefillFirst, Sarathi
+from baselines import Adaptive, PrefillFirst, Sarathi
 from envs.serving import simulator
 from envs.serving.scheduling import Plan, Policy, Rule, plan_budget
 from tests.simtools import make_setup, make_sim, make_trace
@@ -261,3 +261,35 @@ def test_a_run_cut_by_a_horizon_and_a_predicate_resumes_into_the_uninterrupted_r
     np.testing.assert_array_equal(
         cut.iterations["latency"], want.iterations["latency"][: len(cut.iterations["latency"])]
     )
+
+
+@pytest.mark.parametrize("make_policy", [lambda: Sarathi(512), Adaptive], ids=["sarathi", "adaptive"])
+@pytest.mark.parametrize("stretch_min", [1, 10**9], ids=["numpy", "python"])
+def test_a_clock_at_twice_the_time_serves_a_trace_at_half_the_rate_in_exactly_twice_the_time(
+    monkeypatch, stretch_min, make_policy
+):
+    # Doubling is exact in binary floating point: with arrivals twice as far apart and every
+    # iteration twice the model's price, a schedule that depends on no measured time (Sarathi's;
+    # Adaptive's, planned on the model's prices, which its plans carry to the clock) runs the same
+    # batches at exactly twice the times, on every path that prices an iteration.
+    monkeypatch.setattr(simulator, "STRETCH_MIN", stretch_min)
+    rng = np.random.default_rng(5)
+    n = 40
+    arrivals = np.sort(rng.uniform(0, 4, n))
+    prompts, outputs = rng.integers(1, 3000, n), rng.integers(1, 200, n)
+    base = make_sim(make_trace(arrivals, prompts, outputs)).run(make_policy())
+    doubled_trace = make_trace(2 * arrivals, prompts, outputs, span=2 * (float(arrivals[-1]) + 1.0))
+    doubled = make_setup().simulator(doubled_trace, time_scale=2.0).run(make_policy())
+    for key in ("decode_tokens", "prefill_tokens", "prefill_seqs", "kv_used"):
+        np.testing.assert_array_equal(doubled.iterations[key], base.iterations[key])
+    np.testing.assert_array_equal(doubled.iterations["latency"], 2 * base.iterations["latency"])
+    np.testing.assert_array_equal(doubled.iterations["start"], 2 * base.iterations["start"])
+    assert doubled.token_times.keys() == base.token_times.keys()
+    for rid, t in base.token_times.items():
+        np.testing.assert_array_equal(doubled.token_times[rid], 2 * t)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_clock_time_scale_must_be_positive_and_finite(scale):
+    with pytest.raises(ValueError, match="time_scale must be a finite number > 0"):
+        make_setup().simulator(make_trace([0.0], [10], [2]), time_scale=scale)

@@ -66,8 +66,30 @@ def test_compare_averages_windows_and_pools_steps():
         1.5,
         1.5,
     ]
+    assert out["iteration_mape_profile"] == out["iteration_mape"]  # no time scales: the same steps
+    assert a["time_scale_per_window"] == [1.0, 1.0]
     text = table(out)
     assert "| `a` | 3 |" in text and "Kendall tau-b 1.000" in text
+
+
+def test_compare_scales_each_windows_predictions_by_its_time_scale():
+    base = {"ttft_p50_s": 0.1, "ttft_p99_s": 1.0, "tbt_p99_s": 0.05, "goodput_rps": 1.0}
+    runs = {
+        ("a", "vllm", 0): _run([2.0, 2.0], [1.0, 1.0], [True, True], **base),  # ran 2x the profile
+        ("a", "vllm", 1): _run([1.0], [1.25], [True], **base),
+        ("a", "sim", 0): _run([], [], [], **base),
+        ("a", "sim", 1): _run([], [], [], **base),
+    }
+    out = compare(runs, ["a"], [0, 1], tie=0.05, time_scales={("a", 0): 2.0, ("a", 1): 0.8})
+    a = out["per_policy"]["a"]
+    assert a["iteration_mape"] == pytest.approx(0.0)  # 2 x 1.0 vs 2.0, 0.8 x 1.25 vs 1.0
+    assert a["iteration_mape_profile"] == pytest.approx((0.5 + 0.5 + 0.25) / 3)
+    assert (
+        out["iteration_mape"] == pytest.approx(0.0)
+        and out["iteration_mape_profile"] == a["iteration_mape_profile"]
+    )
+    assert a["time_scale_per_window"] == [2.0, 0.8]
+    assert a["step_speed_per_window"] == pytest.approx([0.5, 1.25])  # the profile's, unscaled
 
 
 def test_plan_agreement_without_steps_is_nan():

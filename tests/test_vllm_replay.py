@@ -22,6 +22,7 @@ pytest.importorskip(
 from calibration.cost_files import write_cost_files  # noqa: E402
 from calibration.iterations import Composition, Sample, fit  # noqa: E402
 from chunkgym import REPO_ROOT  # noqa: E402
+from engine.replay import run_spec  # noqa: E402
 from engine.vllm_backend import llm  # noqa: E402
 from engine.vllm_backend.profile import (  # noqa: E402
     HEADER,
@@ -32,7 +33,7 @@ from engine.vllm_backend.profile import (  # noqa: E402
     refit,
     sample_frame,
 )
-from engine.vllm_backend.replay import VllmServer, load_config, replay, settings  # noqa: E402
+from engine.vllm_backend.replay import WARMUP, VllmServer, load_config, replay, settings  # noqa: E402
 from envs.serving.cost_model import COST_DIR, RooflineCostModel, read_cost_file  # noqa: E402
 from evaluate import render  # noqa: E402
 
@@ -123,6 +124,10 @@ def test_replay_times_every_token_and_writes_evaluate_rows(conf, tmp_path):
     try:
         out = replay(conf, {"sarathi_256": server}, log=lambda _: None)
         assert not server.engine.has_unfinished_requests()
+        steps = server.warm_up()  # timed steps of known batches, as time_scale measures them
+        assert len(steps) >= max(output for _, output in WARMUP) and all(s > 0 for s, _ in steps)
+        scale = server.time_scale(run_spec(conf, "sarathi_256").setup.build().cost_model)
+        assert 0.1 < scale < 10 and not server.engine.has_unfinished_requests()
     finally:
         server.close()
     real, sim = out.results[("sarathi_256", "vllm")], out.results[("sarathi_256", "sim")]
@@ -167,6 +172,7 @@ def test_bench_smoke_run_prints_its_json(tmp_path, capsys, checkpoints):
             f"config={REPO_ROOT / 'conf/engine/vllm/cpu_vllm_smoke.yaml'}",
             f"out={tmp_path}",
             f"checkpoints={checkpoints}",
+            "calibrate_speed=true",
         ]
     )
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -182,6 +188,9 @@ def test_bench_smoke_run_prints_its_json(tmp_path, capsys, checkpoints):
     assert summary["policies"] == ["sarathi_512"] and summary["windows"] == 1
     assert summary["vllm_version"] == llm.VERSION and isinstance(summary["load_avg"], float)
     assert summary["plan_agreement"] == 1.0
+    assert isinstance(summary["iteration_mape_profile"], float) and summary["calibrate_speed"] is True
+    ((before, after),) = summary["time_scale_before_after"].values()
+    assert before > 0 and after > 0
     assert (tmp_path / "cpu__vllm_small__tp1.yaml").is_file() and (tmp_path / "results.csv").is_file()
 
 

@@ -20,6 +20,7 @@ ran, ``decode_context``, ``schedule_s`` (time inside ``schedule()``, the policy'
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from engine.replay import (
 from engine.serve import WallClock, prompt_tokens
 from engine.vllm_backend import llm
 from engine.vllm_backend.compare import plan_agreement
+from envs.serving.cost_model import CostModel
 from envs.serving.loop import ITERATION_COLUMNS, SimResult, iteration_summary
 from envs.serving.metrics import RequestOutcomes, request_summary
 from envs.serving.setup import ServingSetup
@@ -138,8 +140,8 @@ class VllmServer:
         self.vocab = self.engine.model_config.get_vocab_size()
         self.warm_up()
 
-    def warm_up(self) -> None:
-        """Serve :data:`WARMUP` to completion, untimed."""
+    def warm_up(self) -> list[tuple[float, llm.Step]]:
+        """Serve :data:`WARMUP` to completion: each step's seconds and what vLLM ran in it."""
         past = time.time() - WARMUP_AGE_S
         for k, (prompt, output) in enumerate(WARMUP):
             tokens = prompt_tokens(self.conf.prompt_seed + 1, k, prompt, self.vocab)
@@ -149,8 +151,21 @@ class VllmServer:
                 llm.sampling(output),
                 arrival_time=past,
             )
+        steps = []
         while self.engine.has_unfinished_requests():
+            t0 = time.perf_counter()
             self.engine.step()
+            steps.append((time.perf_counter() - t0, self.recorder.last))
+        return [(seconds, step) for seconds, step in steps if step is not None]
+
+    def time_scale(self, cost: CostModel) -> float:
+        """How much longer this engine's steps take now than ``cost`` predicts: the median over the
+        steps of serving :data:`WARMUP` once more of measured / predicted seconds.  vLLM's CPU steps
+        run up to ~20% faster or slower from one engine, or one window, to the next on a shared VM
+        (``step_speed_per_window`` of ``bench/sim_to_real_vllm.py``), while a profile is one number."""
+        return statistics.median(
+            seconds / cost.iteration_time(*step.composition()) for seconds, step in self.warm_up()
+        )
 
     def close(self) -> None:
         self.engine.engine_core.shutdown()
@@ -268,10 +283,14 @@ def result(
 
 
 def replay(
-    conf: VllmReplayConfig, servers: dict[str, VllmServer] | None = None, log: Callable[[str], None] = print
+    conf: VllmReplayConfig,
+    servers: dict[str, VllmServer] | None = None,
+    log: Callable[[str], None] = print,
+    time_scale: float = 1.0,
 ) -> Replay:
     """Every policy on every backend over the slice (vLLM in real time).  ``servers``: engines
-    already started per policy (kept open for the caller); others are started and closed here."""
+    already started per policy (kept open for the caller); others are started and closed here.
+    ``time_scale``: the simulator's (see :class:`~envs.serving.simulator.CostModelClock`)."""
     trace = check(conf)
     rows, frames, results = [], [], {}
     for policy in conf.policies:
@@ -286,7 +305,7 @@ def replay(
                     if server is not (servers or {}).get(policy):
                         server.close()
             else:
-                result_ = run_sim(conf, policy, trace)
+                result_ = run_sim(conf, policy, trace, time_scale)
             results[(policy, backend)] = result_
             out = row(conf, policy, trace, result_, backend)
             if backend == "vllm":  # the hash covers vLLM's own settings too

@@ -6,9 +6,14 @@
    so a slower machine serves the windows in the regime the load was chosen for;
 2. per policy, start vLLM with the chunkgym scheduler running it and replay every window of ``seeds``
    in real time (:mod:`engine.vllm_backend.replay`); the simulator serves the same windows with the
-   fitted profile;
+   fitted profile.  With ``calibrate_speed`` (off by default), the engine times a few dozen steps
+   of known batches just before and just after each window (:meth:`VllmServer.time_scale`), and the
+   simulator's clock runs that window at the mean of the two (measured / predicted step time), the
+   policies still planning with the profile; on the shared VMs measured, the two timings of one window
+   differed by up to 1.7x and the scaled simulator was further from vLLM (docs/vllm.md);
 3. compare (:func:`compare`): per-iteration latency MAPE (:func:`engine.sim_to_real.iteration_mape`:
-   each vLLM step against the cost model's prediction for the batch vLLM ran), the relative errors
+   each vLLM step against the cost model's prediction for the batch vLLM ran, times the window's
+   time scale; ``iteration_mape_profile``: against the profile alone), the relative errors
    ``|sim / vllm - 1|`` of TTFT P50, TTFT P99 and TBT P99 (each averaged over the windows first),
    plan agreement (the fraction of vLLM's steps that scheduled exactly the tokens per request the
    policy planned on vLLM's state), and Kendall's tau-b between the policies' mean goodput on vLLM
@@ -35,14 +40,14 @@ from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli
 from chunkgym.config import AT_LEAST_ONE, POSITIVE, Rule
 from chunkgym.io import atomic_write_text
-from engine.replay import Replay, check, write
+from engine.replay import Replay, check, run_spec, write
 from engine.sim_to_real import _rounded
 from engine.vllm_backend import llm
 from engine.vllm_backend.compare import compare, table
 from engine.vllm_backend.profile import calibrate, grid
 from engine.vllm_backend.replay import VllmReplayConfig, VllmServer, replay
 from engine.vllm_backend.speed import SPEED_PROBE, machine_load
-from envs.serving.cost_model import RooflineCostModel
+from envs.serving.cost_model import CostModel, RooflineCostModel
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm_bench.yaml"
 CONFIG_NAME = "sim_to_real_vllm"
@@ -60,6 +65,9 @@ class SimToRealVllmConfig(VllmReplayConfig):
     # seconds of speed.SPEED_PROBE on the machine load_scale was chosen on; the windows are served at
     # load_scale x reference_step_s / this machine's fitted time for it.  null: at load_scale as given
     reference_step_s: float | None = None
+    # time the engine's speed before and after each window and run the simulator's clock at it
+    # (off: on the 2-vCPU VMs measured it made the simulator less accurate; docs/vllm.md)
+    calibrate_speed: bool = False
     out: str = "outputs/sim_to_real_vllm"
 
     def replay_config(self, seed: int) -> VllmReplayConfig:
@@ -78,9 +86,14 @@ RULES: dict[str, Rule] = {
 
 
 def serve_all(
-    conf: SimToRealVllmConfig, log: Callable[[str], None], loads: list[float]
+    conf: SimToRealVllmConfig,
+    log: Callable[[str], None],
+    loads: list[float],
+    cost: CostModel,
+    scales: dict[tuple[str, int], tuple[float, float]],
 ) -> dict[tuple[str, str, int], Replay]:
-    """Every policy on vLLM (one engine per policy, the windows in turn) and in the simulator."""
+    """Every policy on vLLM (one engine per policy, the windows in turn) and in the simulator;
+    ``scales`` gets each window's engine time scale before and after it (1.0 without ``calibrate_speed``)."""
     done: dict[tuple[str, str, int], Replay] = {}
     for policy in conf.policies:
         server = VllmServer(conf.replay_config(conf.seeds[0]), policy)
@@ -88,10 +101,19 @@ def serve_all(
             for seed in conf.seeds:
                 loads.append(os.getloadavg()[0])
                 one = dataclasses.replace(conf.replay_config(seed), policies=[policy])
+                before = server.time_scale(cost) if conf.calibrate_speed else 1.0
                 done[(policy, "vllm", seed)] = replay(
                     dataclasses.replace(one, backends=["vllm"]), {policy: server}, log
                 )
-                done[(policy, "sim", seed)] = replay(dataclasses.replace(one, backends=["sim"]), log=log)
+                after = server.time_scale(cost) if conf.calibrate_speed else 1.0
+                scales[(policy, seed)] = (before, after)
+                if conf.calibrate_speed:
+                    log(
+                        f"{policy} window {seed}: vLLM ran {before:.3f}x / {after:.3f}x the profile's step times before / after"
+                    )
+                done[(policy, "sim", seed)] = replay(
+                    dataclasses.replace(one, backends=["sim"]), log=log, time_scale=(before + after) / 2
+                )
         finally:
             server.close()
             del server
@@ -120,7 +142,11 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         log(
             f"this machine runs {SPEED_PROBE.label!r} at {speed:.3f}x the reference's speed: load {conf.load_scale:g} -> {load:g}"
         )
-    done = serve_all(fitted, log, loads)
+    scales: dict[tuple[str, int], tuple[float, float]] = {}
+    profile_cost = (
+        run_spec(fitted, fitted.policies[0]).setup.build().cost_model
+    )  # the file, as the replays load it
+    done = serve_all(fitted, log, loads, profile_cost, scales)
     loads.append(os.getloadavg()[0])
     merged = Replay(
         [r for d in done.values() for r in d.rows],
@@ -129,7 +155,8 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
     )
     write(merged, out)
     runs = {key: next(iter(d.results.values())) for key, d in done.items()}
-    summary = compare(runs, conf.policies, conf.seeds, conf.tie)
+    time_scales = {key: (before + after) / 2 for key, (before, after) in scales.items()}
+    summary = compare(runs, conf.policies, conf.seeds, conf.tie, time_scales)
     first = done[(conf.policies[0], "vllm", conf.seeds[0])].rows[0].row
     summary.update(
         policies=list(conf.policies),
@@ -139,6 +166,8 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         load_scale=load,
         load_scale_nominal=conf.load_scale,
         machine_speed=speed,
+        calibrate_speed=conf.calibrate_speed,
+        time_scale_before_after={f"{p} {s}": list(v) for (p, s), v in scales.items()},
         tie=conf.tie,
         profile={
             "compositions": cal.fit.points,

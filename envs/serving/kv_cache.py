@@ -14,10 +14,7 @@ Invariant (checked by :meth:`check`): private + units in use + units cached-free
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import numpy as np
+from collections.abc import Sequence
 
 
 class BlockManager:
@@ -74,12 +71,11 @@ class BlockManager:
         self.free += blocks
 
     # ---- shared prefix units --------------------------------------------------------
-    def match(self, hash_ids: np.ndarray, max_units: int) -> list[int]:
+    def match(self, hash_ids: Sequence[int], max_units: int) -> list[int]:
         """The longest run of cached units at the start of ``hash_ids``, at most ``max_units``."""
         hits = []
         refs = self._refs
         for uid in hash_ids[:max_units]:
-            uid = int(uid)
             if uid not in refs:
                 break
             hits.append(uid)

@@ -62,7 +62,7 @@ class Request:
         arrival: float,
         prompt_len: int,
         output_len: int,
-        hash_ids: np.ndarray | None = None,
+        hash_ids: list[int] | None = None,
     ) -> None:
         self.rid = rid
         self.arrival = arrival

@@ -122,5 +122,8 @@ class ServingSetup:
         cm = make_cost_model(model, hardware, tp, cost_model)
         return cls(model, hardware, tp, cm, slo.resolve(cm), serving_config(serving), cost_model)
 
-    def simulator(self, trace: Trace) -> Simulator:
-        return Simulator(trace, self.model, self.hardware, self.cost_model, self.slo, self.config, self.tp)
+    def simulator(self, trace: Trace, time_scale: float = 1.0) -> Simulator:
+        """A simulator serving ``trace``; ``time_scale``: see :class:`~envs.serving.simulator.CostModelClock`."""
+        return Simulator(
+            trace, self.model, self.hardware, self.cost_model, self.slo, self.config, self.tp, time_scale
+        )

@@ -33,12 +33,20 @@ Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray, n
 
 
 class CostModelClock:
-    """The simulator's executor: a batch takes the cost model's latency on a virtual clock."""
+    """The simulator's executor: a batch takes the cost model's latency on a virtual clock.
+
+    ``time_scale``: every iteration takes that multiple of the cost model's latency (1: exactly it),
+    as an engine whose speed was measured against its profile runs; the policies still plan with
+    the model itself, as they do on that engine.
+    """
 
     follows_chunks = True  # a plan takes no clock time: a stretch need not ask the policy
 
-    def __init__(self, cost_model: CostModel) -> None:
+    def __init__(self, cost_model: CostModel, time_scale: float = 1.0) -> None:
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         self.cost = cost_model
+        self.time_scale = time_scale
 
     def wait_until(self, t: float) -> float:
         """The virtual clock reaches the next arrival at once."""
@@ -49,7 +57,8 @@ class CostModelClock:
         price, the same number: the planner asked the core's cost model, which is this one (see
         :class:`Simulator`), with the same arguments."""
         if batch.latency is not None:
-            return start + batch.latency, batch.latency
+            latency = batch.latency if self.time_scale == 1.0 else batch.latency * self.time_scale
+            return start + latency, latency
         chunks = batch.chunks
         queries: Sequence[int]
         computed: Sequence[int]
@@ -59,6 +68,8 @@ class CostModelClock:
         else:
             queries, computed = [q for _, q, _ in chunks], [c for _, _, c in chunks]
         latency = self.cost.iteration_time(batch.num_decode, batch.decode_context, queries, computed)
+        if self.time_scale != 1.0:
+            latency *= self.time_scale
         return start + latency, latency
 
     def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
@@ -80,7 +91,7 @@ class CostModelClock:
             return False
         if limit >= STRETCH_MIN and t_arr < math.inf:
             # Latencies grow with the context, so iterations past this one start after the arrival.
-            first = self.cost.iteration_time(n, dec.context_sum(clock), (), ())
+            first = self.cost.iteration_time(n, dec.context_sum(clock), (), ()) * self.time_scale
             if first > 0:
                 limit = min(limit, int((t_arr - now) / first) + 2)
         if limit >= STRETCH_MIN:
@@ -112,7 +123,7 @@ class CostModelClock:
         dec = core.decode
         n, bs, phase, clock = dec.n, dec.bs, dec.phase, dec.clock
         free, stall, used = core.kv.free, core.slo.stall_s, core.kv.used
-        cost = self.cost.iteration_time
+        cost, scale = self.cost.iteration_time, self.time_scale
         now, last, allocated = core.now, dec.last_time, 0
         ends: list[float] = []
         latencies: list[float] = []
@@ -124,6 +135,8 @@ class CostModelClock:
             if allocated + need > free:
                 break
             lat = cost(n, dec.context_sum(c), (), ())
+            if scale != 1.0:
+                lat *= scale
             end = now + lat
             if end - last > stall:
                 break
@@ -139,6 +152,8 @@ class CostModelClock:
         dec = core.decode
         clock = dec.clock
         latency = self.cost.decode_iteration_times(dec.n, dec.context_sums(clock, limit))
+        if self.time_scale != 1.0:
+            latency *= self.time_scale  # elementwise, as the scalar path's product
         times = np.concatenate(([core.now], latency)).cumsum()  # [i]: start of iteration i, end of i - 1
         starts, ends = times[:-1], times[1:]
         gaps = ends - starts
@@ -171,14 +186,16 @@ class Simulator(ServingLoop):
         slo: SLO,
         config: ServingConfig | None = None,
         tp: int = 1,
+        time_scale: float = 1.0,
     ) -> None:
         self.trace = trace
         self.config = config = config or ServingConfig()
         self.cost = cost_model
         self.slo = slo
         core = ServingCore.for_trace(trace, model, hardware, cost_model, slo, config, tp)
-        # One cost model for the core's predictions and the clock: a plan's price is its latency.
-        super().__init__(core, CostModelClock(cost_model), trace.span_s)
+        # One cost model for the core's predictions and the clock: a plan's price is its latency
+        # (times ``time_scale``, an engine's measured speed against the model; see CostModelClock).
+        super().__init__(core, CostModelClock(cost_model, time_scale), trace.span_s)
 
     def fork(self, keep_log: bool = True) -> Simulator:
         """An independent copy of the current state for what-if rollouts.
