@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from envs.serving.request import Request
 from envs.serving.scheduling import (
     Admission,
     ChunkFollower,
@@ -11,6 +12,8 @@ from envs.serving.scheduling import (
     Policy,
     Rule,
     ServingView,
+    Steady,
+    SteadyFollower,
     admission_named,
     budget_plans,
     stretch_head,
@@ -115,42 +118,62 @@ class Adaptive(Policy):
         head = stretch_head(view, plan, self.rule)
         if head is None or self.spend_slack:
             return None
-        levels, predict, bs, top = self.levels, view.predict_latency, view.block_size, len(self.levels) - 1
-        target = latency_target_s(view, self.target_fraction, spend_slack=False)
-        monotone = view.latency_monotone
-        last = -1  # the previous answer's level index (-1: none yet)
-        above_at = -1  # the decode count when the level above it was last priced over the target
+        return LevelChunk(
+            view, head, self.levels, latency_target_s(view, self.target_fraction, spend_slack=False)
+        )
 
-        def chunk() -> tuple[int, float | None]:
-            nonlocal last, above_at
-            n_dec, c = view.num_decode, head.computed
-            context = view.decode_context if n_dec else 0
-            limit = min(head.target - c, (-(-c // bs) + view.free_blocks) * bs - c)
 
-            def price(i: int) -> float | None:  # None: a level beyond the head-alone plans
-                left = levels[i] - n_dec
-                if left > limit:
-                    return None
-                return predict(n_dec, context, (left,), (c,)) if left > 0 else predict(n_dec, context, (), ())
+class LevelChunk(SteadyFollower):
+    """:meth:`Adaptive.follow`'s follower: the largest level whose head-alone plan fits ``target_s``."""
 
-            if last >= 0:
-                fit = price(last)
-                if fit is not None and fit <= target:
-                    # No level above, or it was priced over the target with these decodes and its
-                    # batch has only grown since (their contexts and the head's): over it still.
-                    known_over = last == top or (above_at == n_dec and levels[last + 1] - n_dec <= limit)
-                    if known_over or ((above := price(last + 1)) is not None and above > target):
-                        above_at = n_dec
-                        return levels[last] - n_dec, fit
-            found = largest_fitting(len(levels), price, target)
-            if found is None:
-                return 0, None
-            lo, fit = found
-            left = levels[lo] - n_dec
+    def __init__(self, view: ServingView, head: Request, levels: tuple[int, ...], target_s: float) -> None:
+        self.view, self.head, self.levels, self.target_s = view, head, levels, target_s
+        self.monotone = view.latency_monotone
+        self.last = -1  # the previous answer's level index (-1: none yet)
+        self.above_at = -1  # the decode count when the level above it was last priced over the target
+
+    def __call__(self) -> tuple[int, float | None]:
+        view, head, levels, target = self.view, self.head, self.levels, self.target_s
+        predict, bs, last = view.predict_latency, view.block_size, self.last
+        n_dec, c = view.num_decode, head.computed
+        context = view.decode_context if n_dec else 0
+        limit = min(head.target - c, (-(-c // bs) + view.free_blocks) * bs - c)
+
+        def price(i: int) -> float | None:  # None: a level beyond the head-alone plans
+            left = levels[i] - n_dec
             if left > limit:
-                return 0, None
-            # The search priced the level above its answer over the target (if there is one).
-            last, above_at = (lo, n_dec) if monotone else (-1, -1)
-            return left, fit
+                return None
+            return predict(n_dec, context, (left,), (c,)) if left > 0 else predict(n_dec, context, (), ())
 
-        return chunk
+        if last >= 0:
+            fit = price(last)
+            if fit is not None and fit <= target:
+                # No level above, or it was priced over the target with these decodes and its
+                # batch has only grown since (their contexts and the head's): over it still.
+                known_over = last == len(levels) - 1 or (
+                    self.above_at == n_dec and levels[last + 1] - n_dec <= limit
+                )
+                if known_over or ((above := price(last + 1)) is not None and above > target):
+                    self.above_at = n_dec
+                    return levels[last] - n_dec, fit
+        found = largest_fitting(len(levels), price, target)
+        if found is None:
+            return 0, None
+        lo, fit = found
+        left = levels[lo] - n_dec
+        if left > limit:
+            return 0, None
+        # The search priced the level above its answer over the target (if there is one).
+        self.last, self.above_at = (lo, n_dec) if self.monotone else (-1, -1)
+        return left, fit
+
+    def steady(self) -> Steady | None:
+        """With a monotone model, after an answer of level ``last`` with the level above known over
+        the target at this decode count: the same answer while its price stays within the target and
+        the level above's chunk is still a head-alone plan (so the warm start answers it)."""
+        last, n_dec, levels = self.last, self.view.num_decode, self.levels
+        if last < 0 or self.above_at != n_dec:
+            return None
+        tokens = levels[last] - n_dec
+        room = tokens if last == len(levels) - 1 else levels[last + 1] - n_dec
+        return Steady(tokens, self.target_s, room)

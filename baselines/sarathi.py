@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envs.serving.scheduling import (
+    BudgetChunk,
     ChunkFollower,
     Plan,
     Policy,
@@ -40,5 +41,4 @@ class Sarathi(Policy):
         chunk, shorter than its rest, fits: :meth:`Policy.follow`'s conditions)."""
         if stretch_head(view, plan, self.rule) is None:
             return None
-        budget = self.budget
-        return lambda: (budget - view.num_decode, None)
+        return BudgetChunk(view, self.budget)

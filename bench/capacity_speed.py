@@ -6,7 +6,8 @@ hardware, strict SLO.  Baseline: ``early_stop=False, parallel=1`` (the reference
 every probe runs to the end, with the core's shortcuts off and every budget level planned from
 scratch, and is judged on its summary); fast: probes decided from the SLO counters (stopped once
 proven, no iteration log, no summary, the core's shortcuts on: :data:`envs.serving.core.PROBE_SHORTCUTS`,
-chunk stretches included (a long prompt's middle chunks run without asking the policy),
+chunk stretches included (a long prompt's middle chunks run without asking the policy, a segment
+up to the next event at a time),
 all budget levels of an iteration from one pass: :func:`envs.serving.scheduling.budget_plans`, whose plans carry
 their price to the clock) and the speculative search over ``--parallel`` worker processes (default: the
 cores this process may use), one pool shared by the whole grid, the slowest searches' probes first,

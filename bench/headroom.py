@@ -98,7 +98,7 @@ def oracle_capacity(job: OracleSearch) -> tuple[float, float]:
         trace = workload.window("val", job.seed, scale)
         sim = setup.simulator(trace)
         proof = Attain90Stop.for_requests(len(trace))
-        stop = (lambda: proof(sim.core)) if job.early_stop else None
+        stop = proof.watching(sim.core) if job.early_stop else None
         result, _ = oracle_run(
             sim, job.base, DEFAULT_BUDGETS, DEFAULT_RULES, job.period_s, job.horizon_s, stop
         )

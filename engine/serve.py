@@ -170,7 +170,7 @@ class Engine:
             and replace :attr:`runner` with a :class:`PacedRunner`.
     """
 
-    follows_chunks = False  # the policy's planning is part of each iteration's wall time
+    chunk_clock = None  # the policy's planning is part of each iteration's wall time
 
     def __init__(
         self,

@@ -108,13 +108,13 @@ def test_features_masks_and_policies_import_no_implementation():
 
 
 def _core_calls(name: str) -> set[str]:
-    """The core's iteration methods (begin, begin_followed, end, advance_to_work) and fast-forwards that ``name`` uses."""
+    """The core's iteration methods (begin, run_followed, end, advance_to_work) and fast-forwards that ``name`` uses."""
     found = set()
     for node in ast.walk(ast.parse(_modules()[name].read_text())):
         if isinstance(node, ast.Attribute):
             attr, receiver = node.attr, ast.unparse(node.value)
             if attr == "fast_forward" or (
-                attr in ("begin", "begin_followed", "end", "advance_to_work") and receiver.endswith("core")
+                attr in ("begin", "run_followed", "end", "advance_to_work") and receiver.endswith("core")
             ):
                 found.add(attr)
     return found
@@ -126,7 +126,7 @@ def test_one_run_loop_drives_the_core():
     assert callers == {"envs.serving.loop"}, callers
     assert _core_calls("envs.serving.loop") == {
         "begin",
-        "begin_followed",
+        "run_followed",
         "end",
         "advance_to_work",
         "fast_forward",

@@ -2,6 +2,7 @@
 without the policy) change no result: runs with them on and off agree bit for bit, iteration by
 iteration, over generated workloads, policies and run segments."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,8 +12,9 @@ from hypothesis import strategies as st
 
 from baselines import Adaptive, Sarathi
 from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
+from envs.serving.loop import CountStop
 from envs.serving.metrics import tpot_of
-from envs.serving.simulator import Simulator
+from envs.serving.simulator import CostModelClock, Simulator
 from tests.simtools import make_setup, make_trace
 
 UNIT = 32
@@ -164,3 +166,138 @@ def test_a_followed_adaptive_level_is_priced_again_once_a_decode_leaves():
             iterations.append(sim.run(Adaptive(fraction, "fcfs")).iterations)
         on, off = iterations
         assert all(np.array_equal(on[k], off[k]) for k in off), fraction
+
+
+@st.composite
+def segment_runs(draw):
+    """Runs whose chunk stretches are long and often cut: long prompts, arrivals close together,
+    shared prefixes in small caches (evictions, preemptions), budgets whose iterations stall."""
+    n = draw(st.integers(2, 30))
+    gaps = draw(st.lists(st.floats(0.0, 0.3), min_size=n, max_size=n))
+    prompt = st.one_of(st.integers(1, 3000), st.integers(3000, 60_000))
+    prompts = draw(st.lists(prompt, min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    blocks = draw(st.sampled_from([0, 150, 400, 800, 4000]))
+    hashes = [[(i % 3) * 10_000 + u for u in range(p // UNIT)] for i, p in enumerate(prompts)]
+    rule = draw(st.sampled_from(["FCFS", "SHORTEST_FIRST"]))
+    if draw(st.booleans()):
+        policy = (Sarathi, draw(st.sampled_from([128, 256, 512, 2048, 8192, 16384])), rule)
+    else:
+        policy = (Adaptive, draw(st.sampled_from([0.2, 0.3, 0.6, 1.0, 3.0])), rule.lower())
+    segment_s = draw(st.sampled_from([math.inf, 0.05, 0.3]))
+    cached = draw(st.booleans())
+    trace = make_trace(np.cumsum(gaps), prompts, outputs, *((hashes, UNIT) if cached else (None, 0)))
+    stall_scale = draw(st.sampled_from([1.0, 0.25]))  # a tight stall bound: segments cut at stalls
+    return trace, blocks, policy, segment_s, stall_scale
+
+
+def _segmented(
+    trace,
+    blocks: int,
+    policy: tuple,
+    segment_s: float,
+    stall_scale: float,
+    good: int,
+    bad: int,
+    segments: bool,
+):
+    """A run with ``CountStop(good, bad)`` until it holds, then to the end, in ``segment_s`` pieces,
+    under the strict SLO with its stall bound times ``stall_scale``; the states it stopped at: where
+    and when the stop held."""
+    setup = make_setup(num_blocks=blocks)
+    setup = dataclasses.replace(
+        setup, slo=dataclasses.replace(setup.slo, stall_s=setup.slo.stall_s * stall_scale)
+    )
+    sim = setup.simulator(trace)
+    core = sim.core
+    core.shortcuts = Shortcuts(segments=segments)
+    make, *args = policy
+    served = make(*args)
+    stop: CountStop | None = CountStop(core, good, bad)
+    seen, end = [], segment_s
+    while sim.run_until(served, stop=stop, until_s=end):
+        seen.append((core.now, core.n_good, core.n_bad, core.decode.clock, stop is not None and stop()))
+        if stop is not None and stop():
+            stop = None
+        if core.now >= end:
+            end += segment_s
+    return sim, seen
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=segment_runs(), good=st.integers(1, 30), bad=st.integers(1, 30))
+def test_chunk_stretches_run_in_segments_reach_the_state_of_iteration_by_iteration_runs(case, good, bad):
+    """With a count stop (asked once per segment) or none, a stretch run a segment at a time books the
+    same iterations, stops where the stop first holds, and ends in the same state, KV cache included."""
+    (on, seen_on), (off, seen_off) = (_segmented(*case, good, bad, segments=s) for s in (True, False))
+    assert seen_on == seen_off
+    log_on, log_off = on.log.arrays(), off.log.arrays()
+    assert all(np.array_equal(log_on[k], log_off[k]) for k in log_off)
+    c_on, c_off = on.core, off.core
+    assert [(r.status, r.violated, r.credited, r.generated, r.prefix_units) for r in c_on.requests] == [
+        (r.status, r.violated, r.credited, r.generated, r.prefix_units) for r in c_off.requests
+    ]
+    kv_on, kv_off = c_on.kv, c_off.kv
+    assert (kv_on.free, kv_on.empty, kv_on.private, kv_on.evictions) == (
+        kv_off.free,
+        kv_off.empty,
+        kv_off.private,
+        kv_off.evictions,
+    )
+    assert list(kv_on._refs.items()) == list(kv_off._refs.items())
+    assert list(kv_on._evictable) == list(kv_off._evictable)
+    assert (c_on.latency_ewma, c_on.decode.slack_base) == (c_off.latency_ewma, c_off.decode.slack_base)
+    assert all(np.array_equal(c_on.token_times[k], t) for k, t in c_off.token_times.items())
+
+
+@pytest.mark.parametrize(
+    "policy", [(Sarathi, 512, "FCFS"), (Adaptive, 0.3, "fcfs"), (Adaptive, 0.3, "shortest_first")]
+)
+def test_most_of_a_long_prompts_chunks_run_in_segments(policy, monkeypatch):
+    # The trace of test_chunk_stretches_run_long_prompts_without_asking_the_policy, with a count stop
+    # that never holds: the segments book most chunk iterations, and the same ones as one by one.
+    trace = make_trace(
+        [0.0, 0.0, *np.linspace(0.5, 3.0, 8)], [300, 300, *[12_000] * 8], [400, 400, *[50] * 8]
+    )
+    in_segments = 0
+    run_segment = CostModelClock.run_segment
+
+    def counted(self, core, log, *args):
+        nonlocal in_segments
+        before = len(log)
+        ran = run_segment(self, core, log, *args)
+        in_segments += len(log) - before
+        return ran
+
+    monkeypatch.setattr(CostModelClock, "run_segment", counted)
+    runs = {}
+    for segments in (True, False):
+        sim = make_setup().simulator(trace)
+        sim.core.shortcuts = Shortcuts(segments=segments)
+        make, *args = policy
+        sim.run_until(make(*args), stop=CountStop(sim.core, len(trace) + 1, len(trace) + 1))
+        runs[segments] = sim.log.arrays()
+    assert all(np.array_equal(runs[True][k], runs[False][k]) for k in runs[False])
+    assert in_segments > 0.6 * np.count_nonzero(runs[True]["prefill_tokens"]), "most chunk iterations"
+
+
+def test_a_segment_ends_where_its_iterations_grow_past_the_stall_bound():
+    # One stream decodes while a 60k-token prompt is prefilled in 2k chunks, each longer than the one
+    # before (attention over the prompt so far); the stall bound lies between the first chunk's
+    # iteration and the last one's, so the stream misses it mid-stretch, in both runs at the same
+    # iteration, which a count stop for one miss finds.
+    trace = make_trace([0.0, 0.5], [100, 60_000], [3000, 5])
+    setup = make_setup()
+    cost = setup.cost_model
+    first, last = (cost.iteration_time(1, 100 + 50, (2047,), (c,)) for c in (2047, 55_000))
+    slo = dataclasses.replace(setup.slo, stall_s=(first + last) / 2, tpot_s=10.0)
+    stopped = []
+    for segments in (True, False):
+        sim = dataclasses.replace(setup, slo=slo).simulator(trace)
+        core = sim.core
+        core.shortcuts = Shortcuts(segments=segments)
+        assert sim.run_until(Sarathi(2048), stop=CountStop(core, 2, 1))
+        stream, prompt = core.requests
+        assert stream.violated and 0 < prompt.computed < prompt.prompt_len, "missed mid-stretch"
+        stopped.append((core.now, core.decode.clock, prompt.computed, sim.log.arrays()["latency"].tolist()))
+    assert stopped[0] == stopped[1]

@@ -15,6 +15,7 @@ parallel=1`` is the reference path):
   to the end and are judged on the summary.
 * core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
   bookkeeping, chunk stretches run without asking the policy (:meth:`~envs.serving.scheduling.Policy.follow`),
+  a segment up to the next event at a time (the probe's stop is a :class:`~envs.serving.loop.CountStop`),
   and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
   every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`),
   whose plans carry the price it computed, so the clock does not price them again
@@ -116,7 +117,7 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     sim.log = UnrecordedLog()
     core.shortcuts = PROBE_SHORTCUTS
     policy.reset(sim.view)
-    early = sim.run_until(policy, stop=lambda: proof(core))
+    early = sim.run_until(policy, stop=proof.watching(core))
     assert proof(core), "a finished run has every request known good or bad"
     return Probe(scale, proof.passed(core), early, core.n_good + core.n_bad, len(core.requests))
 

@@ -71,12 +71,17 @@ class Shortcuts:
     # names, without asking the policy to plan, on executors whose clock planning does not move
     # (:meth:`~envs.serving.scheduling.Policy.follow`; the simulator's, not a real engine's).
     chunk_stretches: bool = True
+    # With ``chunk_stretches``, a stretch whose follower says how long its answer holds
+    # (``SteadyFollower``: Sarathi's, adaptive's) runs in segments, each priced and checked in one
+    # loop up to its next event and booked at once, on the simulator's clock, when the run's
+    # ``stop`` is none or a ``CountStop`` (``CostModelClock.run_segment``).
+    segments: bool = True
     # Iteration latencies wait in a list and are folded into ``latency_ewma`` when it is read: for
     # runs whose policy never reads it (capacity probes of the baselines); the list grows until then.
     deferred_ewma: bool = False
 
 
-NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False, chunk_stretches=False)
+NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False, chunk_stretches=False, segments=False)
 PROBE_SHORTCUTS = Shortcuts(deferred_ewma=True)
 
 
@@ -405,6 +410,17 @@ class ServingCore:
         """Arrivals per second, exponentially weighted over the last ~RATE_TAU_S seconds."""
         return self._rate * math.exp((self._rate_t - self.now) / RATE_TAU_S)
 
+    def next_deadline(self) -> float:
+        """The earliest TTFT deadline of a request still waiting for its first token and not known to
+        miss it (inf: none); the ones before it are dropped, as :meth:`_expire_deadlines` would."""
+        heap = self._deadlines
+        while heap:
+            req = heap[0][2]
+            if req.generated == 0 and req.status is Status.WAITING and not req.violated:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return math.inf
+
     def next_arrival_time(self) -> float:
         i = self.next_arrival
         return self.requests[i].arrival if i < len(self.requests) else math.inf
@@ -560,15 +576,44 @@ class ServingCore:
         n_dec = dec.n if run_decode else 0
         return Batch(n_dec, dec.context_sum(dec.clock) if n_dec else 0, chunks, plan.latency)
 
-    def begin_followed(self, head: Request, tokens: int, blocks: int, latency: float | None) -> Batch:
-        """:meth:`begin` of every decode plus ``tokens`` of ``head``, a chunk stretch's iteration:
-        the loop has checked what :meth:`begin` would (``head`` is the running prompt the last plan
-        gave a chunk, ``tokens`` leaves some of it, the ``blocks`` it and the decodes need are
-        free), so this only allocates them."""
+    def run_followed(self, head: Request, tokens: int, blocks: int, t_end: float) -> None:
+        """:meth:`begin` and :meth:`end` of a chunk stretch's iteration, every decode plus ``tokens``
+        of ``head``, that ended at ``t_end``: the loop has checked what :meth:`begin` would
+        (``head`` is the running prompt the last plan gave a chunk, ``tokens`` leaves some of it,
+        the ``blocks`` it and the decodes need are free), so this allocates them and books the
+        iteration as :meth:`end` would; the head goes on prefilling."""
         self.kv.allocate(blocks)
+        self.observe_time(t_end)
+        if self.decode.n:
+            self._decode_step(t_end)
+        self._prefilled(head, tokens)
+        if self._deadlines and self._deadlines[0][0] < t_end:
+            self._expire_deadlines()
+
+    def run_stretch(
+        self,
+        ends: list[float],
+        blocks: int,
+        gaps: np.ndarray | None,
+        head: Request | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Book iterations that ended at ``ends``, run back to back by the simulator, in one call, as
+        :meth:`begin` and :meth:`end` of each would: every decode (no member joining, none finishing
+        before the last, no stall), plus, with ``head``, ``tokens`` of its prefill over all of them
+        (it goes on prefilling; no TTFT deadline passes).  ``blocks``: the KV blocks they allocate;
+        ``gaps``: see :meth:`DecodeGroup.record_stretch`.  Bit for bit the state iteration by
+        iteration booking reaches: the blocks are allocated first and the prefix units published last,
+        as neither eviction nor a finish changes which units a publish finds cached."""
+        self.kv.allocate(blocks)
+        self.observe_stretch(ends)
         dec = self.decode
-        n = dec.n
-        return Batch(n, dec.context_sum(dec.clock) if n else 0, [(head, tokens, head.computed)], latency)
+        if dec.n:
+            dec.record_stretch(ends, gaps if self._shortcuts.stretches else None)
+            for req in dec.pop_finished():
+                self.finish(req, dec.leave(req))
+        if head is not None:
+            self._prefilled(head, tokens)
 
     def _start(self, req: Request) -> None:
         req.running = True
@@ -583,19 +628,19 @@ class ServingCore:
         self.observe_time(t_end)
         if batch.num_decode:
             self._decode_step(t_end)
-        u = self.kv.unit_tokens
         for req, n, _ in batch.chunks:
-            req.computed += n
-            if (
-                req.hash_ids is not None
-                and u
-                and min(req.computed, req.prompt_len) // u > len(req.prefix_units)
-            ):
-                self._publish_units(req)
+            self._prefilled(req, n)
             if req.computed == req.target:
                 self._prefill_done(req, t_end)
         if self._deadlines and self._deadlines[0][0] < t_end:
             self._expire_deadlines()
+
+    def _prefilled(self, req: Request, tokens: int) -> None:
+        """``req`` computed ``tokens`` more prompt tokens: publish the prefix units it completed."""
+        req.computed = computed = req.computed + tokens
+        u = self.kv.unit_tokens
+        if u and req.hash_ids is not None and min(computed, req.prompt_len) // u > len(req.prefix_units):
+            self._publish_units(req)
 
     def observe_time(self, t_end: float) -> None:
         """Advance the clock to the end of an iteration, tracking recent latencies."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from envs.serving.core import ServingCore
+from envs.serving.loop import CountStop
 from envs.serving.metrics import ATTAIN90_TARGET
 
 
@@ -42,6 +43,10 @@ class Attain90Stop:
 
     def __call__(self, core: ServingCore) -> bool:
         return core.n_good >= self.good or core.n_bad >= self.bad
+
+    def watching(self, core: ServingCore) -> CountStop:
+        """This proof as :meth:`~envs.serving.loop.ServingLoop.run_until`'s ``stop`` on ``core``."""
+        return CountStop(core, self.good, self.bad)
 
     def passed(self, core: ServingCore) -> bool:
         """The proven outcome once :meth:`__call__` is true."""

@@ -31,7 +31,16 @@ import numpy as np
 
 from envs.serving.core import Batch, ServingCore
 from envs.serving.metrics import RequestOutcomes, request_summary
-from envs.serving.scheduling import ChunkFollower, Plan, Policy, ServingView, blocks_needed
+from envs.serving.request import Request
+from envs.serving.scheduling import (
+    ChunkFollower,
+    Plan,
+    Policy,
+    ServingView,
+    Steady,
+    SteadyFollower,
+    blocks_needed,
+)
 
 ITERATION_COLUMNS = {
     "start": np.float64,  # iteration start time (s)
@@ -106,6 +115,26 @@ class UnrecordedLog(IterationLog):
         pass
 
 
+@dataclass(frozen=True)
+class CountStop:
+    """A ``stop`` for :meth:`ServingLoop.run_until` that reads nothing but the core's counts of
+    requests known good and known bad: true once ``n_good >= good`` or ``n_bad >= bad``.
+
+    Those counts change only when a request finishes or is known to miss its SLO, so the
+    simulator may run a stretch of iterations in which neither happens before the last one and
+    ask once, before it (:meth:`~envs.serving.simulator.CostModelClock.run_segment`); any other
+    predicate is asked before every iteration a policy's chunk follower runs.
+    """
+
+    core: ServingCore
+    good: int
+    bad: int
+
+    def __call__(self) -> bool:
+        core = self.core
+        return core.n_good >= self.good or core.n_bad >= self.bad
+
+
 @dataclass
 class SimResult:
     """Everything a run produced: per-request outcomes, per-iteration records, system metrics."""
@@ -117,12 +146,44 @@ class SimResult:
     stopped: bool = False  # ``run``'s ``stop`` ended it before the trace was done: the results are partial
 
 
+class ChunkClock(Protocol):
+    """What an executor on whose clock planning takes no time (the simulator's) offers the loop, so
+    it runs a policy's followed chunks (:meth:`Policy.follow`) without asking it to plan and
+    without building a batch."""
+
+    def chunk_latency(
+        self, num_decode: int, decode_context: int, tokens: int, computed: int, price: float | None
+    ) -> float:
+        """:meth:`Executor.execute`'s latency, bit for bit, of every decode (``num_decode``, their KV
+        tokens summed) plus one chunk of ``tokens`` whose prompt has ``computed`` in KV; ``price``:
+        the plan's (:attr:`Plan.latency`), or None."""
+        ...
+
+    def run_segment(
+        self,
+        core: ServingCore,
+        log: IterationLog,
+        head: Request,
+        steady: Steady,
+        t_arr: float,
+        until_s: float,
+    ) -> bool:
+        """Run and book the iterations of every decode plus ``steady.tokens`` of ``head`` that
+        :meth:`ServingLoop._follow` would run one by one with a :class:`SteadyFollower` that promised
+        ``steady`` and a :class:`CountStop` (or no stop), the first of which it has checked, up to the
+        next event (arrival at ``t_arr``, ``until_s``, a finish, a stall, a TTFT deadline, KV room,
+        the head's last chunk, the promise's end); False if it left them to the loop."""
+        ...
+
+
 class Executor(Protocol):
     """What runs the batches the core schedules, and what time is."""
 
-    follows_chunks: bool
-    """Whether the loop may run a policy's followed chunks without asking it to plan
-    (:meth:`Policy.follow`): where planning takes no time on this executor's clock."""
+    @property
+    def chunk_clock(self) -> ChunkClock | None:
+        """This executor's :class:`ChunkClock`, where planning takes no time on its clock; None
+        (a real engine): every iteration is planned and executed."""
+        ...
 
     def wait_until(self, t: float) -> float:
         """The engine is idle until trace time ``t``: wait for it; the time it is then (>= ``t``)."""
@@ -207,7 +268,7 @@ class ServingLoop:
         log, step, plan = self.log, self.step, policy.plan
         advance, wait = core.advance_to_work, self.executor.wait_until
         skip = self.executor.fast_forward if fast_forward else None
-        follow = fast_forward and core.shortcuts.chunk_stretches and self.executor.follows_chunks
+        follow = fast_forward and core.shortcuts.chunk_stretches and self.executor.chunk_clock is not None
         stretch = policy.follow
         while core.now < until_s:
             if not advance(wait):
@@ -247,9 +308,15 @@ class ServingLoop:
         would admit them, before ``stop()``), the policy's ``follow`` on the iteration that ran last
         no longer names a function (a new prompt comes first); then :meth:`run_until` goes on as it
         would have.  Between arrivals nothing else changes the state, which is what
-        :meth:`Policy.follow`'s function assumes.
+        :meth:`Policy.follow`'s function assumes.  A :class:`SteadyFollower`'s iterations run
+        a segment at a time (:meth:`ChunkClock.run_segment`, with :attr:`Shortcuts.segments`) when
+        ``stop`` is none or a :class:`CountStop`, whose answer no iteration of a segment but the last
+        can change; it is then asked before each segment.
         """
-        core, run, kv = self.core, self._run, self.core.kv
+        core, kv, dec, log = self.core, self.core.kv, self.core.decode, self.log
+        clock = self.executor.chunk_clock
+        assert clock is not None, "only executors with a chunk clock follow chunks"
+        segmented = core.shortcuts.segments and (stop is None or isinstance(stop, CountStop))
         head = plan.chunks[-1][0]
         t_arr = core.next_arrival_time()
         while core.now < until_s:
@@ -259,7 +326,7 @@ class ServingLoop:
                 if found is None:
                     return False
                 chunk, t_arr = found, core.next_arrival_time()
-            tokens, latency = chunk()
+            tokens, price = chunk()
             if tokens <= 0 or tokens >= head.target - head.computed:
                 return False
             blocks = core.decode_block_need() + blocks_needed(kv.block_size, head, tokens)
@@ -267,10 +334,24 @@ class ServingLoop:
                 return False
             if stop is not None and stop():
                 return True
-            batch = core.begin_followed(head, tokens, blocks, latency)
-            run(batch)
-            if core.now >= t_arr:  # follow asks about the iteration that ran
-                plan = Plan(batch.num_decode > 0, [(head, tokens)], batch.latency)
+            n = dec.n
+            if (
+                segmented
+                and isinstance(chunk, SteadyFollower)
+                and (steady := chunk.steady()) is not None
+                and clock.run_segment(core, log, head, steady, t_arr, until_s)
+            ):
+                price = None  # the segment's last iteration was priced by the clock
+            else:  # what begin, execute, the log and end do for this batch, without building it
+                start = core.now
+                latency = clock.chunk_latency(
+                    n, dec.context_sum(dec.clock) if n else 0, tokens, head.computed, price
+                )
+                if log.records:
+                    log.append(start, latency, n, tokens, 1, kv.used + blocks)
+                core.run_followed(head, tokens, blocks, start + latency)
+            if core.now >= t_arr:  # follow asks about the iteration that ran last
+                plan = Plan(n > 0, [(head, tokens)], price)
         return False
 
     def run(

@@ -35,6 +35,7 @@ This module imports no implementation: the core imports it, never the reverse.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +43,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
 from envs.serving.request import Request
@@ -270,6 +271,46 @@ def rule_order(view: ServingView, rule: Rule) -> Sequence[Request]:
 ChunkFollower = Callable[[], tuple[int, float | None]]
 """A :meth:`Policy.follow` function: the head's prefill tokens in the next iteration (0: ask
 ``plan``), with that iteration's price if the policy computed it (as :attr:`Plan.latency`)."""
+
+
+class Steady(NamedTuple):
+    """How a :class:`SteadyFollower`'s answers go on while the decode count stays what it is."""
+
+    tokens: int  # the head's chunk in this iteration and each next one...
+    max_latency: float  # ...while the iteration's price (the cost model's) is at most this (inf: any)
+    room: int  # ...and a chunk of this many tokens (>= tokens) would fit the head's rest and the KV room
+
+
+class SteadyFollower(ABC):
+    """A :data:`ChunkFollower` that can say how long its answer holds, so the simulator may run
+    that many iterations of a stretch at once
+    (:meth:`~envs.serving.simulator.CostModelClock.run_segment`)."""
+
+    @abstractmethod
+    def __call__(self) -> tuple[int, float | None]: ...
+
+    @abstractmethod
+    def steady(self) -> Steady | None:
+        """Asked right after a call answered some tokens: its answers from that iteration on, as
+        long as only the head's chunks, the decodes' steps and time change the state (the decode
+        count included); None where it cannot say without being asked each iteration."""
+
+
+@dataclass(frozen=True)
+class BudgetChunk(SteadyFollower):
+    """The follower under a fixed token budget: the head gets what the decodes leave of ``budget``;
+    that changes only with the decode count."""
+
+    view: ServingView
+    budget: int
+
+    def __call__(self) -> tuple[int, float | None]:
+        return self.budget - self.view.num_decode, None
+
+    def steady(self) -> Steady:
+        tokens = self.budget - self.view.num_decode
+        return Steady(tokens, math.inf, tokens)
+
 
 STRETCH_RULES = (Rule.FCFS, Rule.SHORTEST_FIRST)
 """Rules under which a running prompt first in the order stays first while it alone gets prefill

@@ -6,7 +6,7 @@ prompt waiting, so every policy's only valid plan is "step the decodes") are adv
 without consulting the policy, up to the next event (arrival, finish, KV-block
 shortage), which is what makes an hour-long production trace take seconds; and, since
 planning takes no clock time here, the loop runs a policy's followed chunks without asking
-it (:attr:`CostModelClock.follows_chunks`, :meth:`~envs.serving.scheduling.Policy.follow`).
+it (:attr:`CostModelClock.chunk_clock`, :meth:`~envs.serving.scheduling.Policy.follow`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from envs.serving.core import Batch, ServingConfig, ServingCore
 from envs.serving.cost_model import CostModel
 from envs.serving.loop import IterationLog, ServingLoop
 from envs.serving.metrics import SLO
+from envs.serving.request import Request
+from envs.serving.scheduling import Steady
 from envs.serving.specs import HardwareSpec, ModelSpec
 from envs.serving.workloads.trace import Trace
 
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call
 STRETCH_MIN = 16  # stretches that may run this many iterations are computed with numpy
+SEGMENT_MIN = 2  # a segment of one iteration is the loop's own, which it runs itself
 
 # End times; latencies and KV blocks used after each (lists, or arrays from the numpy path, turned
 # into lists only for a log that records them); and (numpy path) each end minus the one before.
@@ -40,13 +43,16 @@ class CostModelClock:
     the model itself, as they do on that engine.
     """
 
-    follows_chunks = True  # a plan takes no clock time: a stretch need not ask the policy
-
     def __init__(self, cost_model: CostModel, time_scale: float = 1.0) -> None:
         if not (time_scale > 0 and math.isfinite(time_scale)):
             raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         self.cost = cost_model
         self.time_scale = time_scale
+
+    @property
+    def chunk_clock(self) -> CostModelClock:
+        """Itself: a plan takes no clock time here, so a stretch need not ask the policy."""
+        return self
 
     def wait_until(self, t: float) -> float:
         """The virtual clock reaches the next arrival at once."""
@@ -71,6 +77,14 @@ class CostModelClock:
         if self.time_scale != 1.0:
             latency *= self.time_scale
         return start + latency, latency
+
+    def chunk_latency(
+        self, num_decode: int, decode_context: int, tokens: int, computed: int, price: float | None
+    ) -> float:
+        """:meth:`execute`'s latency of every decode plus one chunk (see :class:`~envs.serving.loop.ChunkClock`)."""
+        if price is None:
+            price = self.cost.iteration_time(num_decode, decode_context, (tokens,), (computed,))
+        return price if self.time_scale == 1.0 else price * self.time_scale
 
     def fast_forward(self, core: ServingCore, log: IterationLog) -> bool:
         """Run decode-only iterations back to back while no prompt waits; False if none ran.
@@ -111,11 +125,77 @@ class CostModelClock:
                 prefill_seqs=[0] * k,
                 kv_used=_as_list(kv_used),
             )
-        core.kv.allocate(int(kv_used[-1]) - core.kv.used)
-        core.observe_stretch(ends)
-        dec.record_stretch(ends, gaps if core.shortcuts.stretches else None)
-        for req in dec.pop_finished():
-            core.finish(req, dec.leave(req))
+        core.run_stretch(ends, int(kv_used[-1]) - core.kv.used, gaps)
+        return True
+
+    def run_segment(
+        self,
+        core: ServingCore,
+        log: IterationLog,
+        head: Request,
+        steady: Steady,
+        t_arr: float,
+        until_s: float,
+    ) -> bool:
+        """A chunk stretch's iterations (every decode plus ``steady.tokens`` of ``head``) back to back,
+        priced and checked in one loop, then booked at once, up to the first one that must not run
+        in a segment: one that would start at or after ``t_arr`` or ``until_s``, stall the decodes,
+        pass a TTFT deadline, leave the head no tokens, or break ``steady``'s promise (its price over
+        ``max_latency``, ``room`` not fitting in the KV left, which ``tokens`` then do), or one after
+        the next decode finish (the segment's last); the loop has checked the first.  False, running
+        none, where fewer than :data:`SEGMENT_MIN` could run, or a decode has just joined."""
+        dec = core.decode
+        if dec.joiners:  # their first decode step checks their own gaps
+            return False
+        tokens, max_latency, room = steady
+        n, clock, c = dec.n, dec.clock, head.computed
+        limit = min((head.target - c - 1) // tokens, (head.target - c - room) // tokens + 1, FAST_FORWARD_MAX)
+        if n:
+            limit = min(limit, dec.next_finish() - clock)
+        if limit < SEGMENT_MIN:
+            return False
+        bound, deadline = min(t_arr, until_s), core.next_deadline()
+        cost, scale, bs, phase = self.cost.iteration_time, self.time_scale, dec.bs, dec.phase
+        stall = core.slo.stall_s if n else math.inf
+        now, last, spare, used = core.now, dec.last_time, core.kv.free, core.kv.used
+        ends: list[float] = []
+        latencies: list[float] = []
+        kv_used: list[int] = []
+        for step in range(clock, clock + limit):
+            if now >= bound:
+                break
+            need = phase[-step % bs] if n else 0
+            held = -(-c // bs)
+            if -(-(c + room) // bs) - held > spare - need:
+                break
+            price = cost(n, dec.context_sum(step) if n else 0, (tokens,), (c,))
+            if not price <= max_latency:
+                break
+            latency = price if scale == 1.0 else price * scale
+            end = now + latency
+            if end - last > stall or end > deadline:
+                break
+            blocks = -(-(c + tokens) // bs) - held + need
+            spare -= blocks
+            used += blocks
+            ends.append(end)
+            latencies.append(latency)
+            kv_used.append(used)
+            now = last = end
+            c += tokens
+        k = len(ends)
+        if not k:
+            return False
+        if log.records:
+            log.extend(
+                start=[core.now, *ends[:-1]],
+                latency=latencies,
+                decode_tokens=[n] * k,
+                prefill_tokens=[tokens] * k,
+                prefill_seqs=[1] * k,
+                kv_used=kv_used,
+            )
+        core.run_stretch(ends, used - core.kv.used, None, head, tokens * k)
         return True
 
     def _stretch_python(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
