@@ -84,7 +84,7 @@ def test_an_overloaded_probe_stops_early_and_the_result_says_partial():
     setup = make_setup()
     stop = Attain90Stop.for_requests(len(trace))
     sim = setup.simulator(trace)
-    result = sim.run(Sarathi(512), stop=lambda: stop(sim.core))
+    result = sim.run(Sarathi(512), stop=stop.watching(sim.core))
     assert result.stopped and not stop.passed(sim.core)
     assert sim.core.n_bad >= stop.bad and sim.core.n_good + sim.core.n_bad < len(trace)
     full = setup.simulator(trace).run(Sarathi(512))

@@ -160,7 +160,7 @@ def test_an_oracle_stopped_once_attain90_is_proven_gives_the_full_runs_answer(sm
     full, full_choices = oracle_run(setup.simulator(trace), *args)
     sim = setup.simulator(trace)
     proof = Attain90Stop.for_requests(len(trace))
-    early, early_choices = oracle_run(sim, *args, stop=lambda: proof(sim.core))
+    early, early_choices = oracle_run(sim, *args, stop=proof.watching(sim.core))
     assert early.stopped and not full.stopped
     assert len(early_choices) < len(full_choices) and early_choices == full_choices[: len(early_choices)]
     assert proof.passed(sim.core) == (full.metrics["slo_attainment"] >= 0.9)

@@ -117,8 +117,9 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     sim.log = UnrecordedLog()
     core.shortcuts = PROBE_SHORTCUTS
     policy.reset(sim.view)
-    early = sim.run_until(policy, stop=proof.watching(core))
-    assert proof(core), "a finished run has every request known good or bad"
+    proven = proof.watching(core)
+    early = sim.run_until(policy, stop=proven)
+    assert proven(), "a finished run has every request known good or bad"
     return Probe(scale, proof.passed(core), early, core.n_good + core.n_bad, len(core.requests))
 
 

@@ -23,10 +23,9 @@ from envs.serving.metrics import ATTAIN90_TARGET
 
 @dataclass(frozen=True)
 class Attain90Stop:
-    """Stop predicate for :meth:`Simulator.run`: true once ``attain90``'s outcome is known.
-
-    ``good``/``bad``: the fewest known-good requests that prove a pass and known-bad ones
-    that prove a fail, for a window of ``requests`` requests.
+    """The proof of ``attain90``'s outcome for a window of ``requests`` requests: ``good``/``bad``,
+    the fewest known-good requests that prove a pass and known-bad ones that prove a fail;
+    :meth:`watching` a core, the stop predicate for :meth:`Simulator.run`, true once it is known.
     """
 
     requests: int
@@ -41,13 +40,10 @@ class Attain90Stop:
         bad = next(b for b in range(n + 1) if (n - b) / n < ATTAIN90_TARGET)
         return cls(n, good, bad)
 
-    def __call__(self, core: ServingCore) -> bool:
-        return core.n_good >= self.good or core.n_bad >= self.bad
-
     def watching(self, core: ServingCore) -> CountStop:
         """This proof as :meth:`~envs.serving.loop.ServingLoop.run_until`'s ``stop`` on ``core``."""
         return CountStop(core, self.good, self.bad)
 
     def passed(self, core: ServingCore) -> bool:
-        """The proven outcome once :meth:`__call__` is true."""
+        """The proven outcome once :meth:`watching`'s predicate holds."""
         return core.n_good >= self.good
