@@ -85,16 +85,26 @@ RULES: dict[str, Rule] = {
 }
 
 
+@dataclass(frozen=True)
+class WindowSpeed:
+    """The engine's time scale (measured / predicted step time) just before and just after a window;
+    1.0 both without ``calibrate_speed``.  The simulator serves the window at their mean."""
+
+    before: float
+    after: float
+
+    @property
+    def mean(self) -> float:
+        return (self.before + self.after) / 2
+
+
 def serve_all(
-    conf: SimToRealVllmConfig,
-    log: Callable[[str], None],
-    loads: list[float],
-    cost: CostModel,
-    scales: dict[tuple[str, int], tuple[float, float]],
-) -> dict[tuple[str, str, int], Replay]:
-    """Every policy on vLLM (one engine per policy, the windows in turn) and in the simulator;
-    ``scales`` gets each window's engine time scale before and after it (1.0 without ``calibrate_speed``)."""
+    conf: SimToRealVllmConfig, log: Callable[[str], None], loads: list[float], cost: CostModel
+) -> tuple[dict[tuple[str, str, int], Replay], dict[tuple[str, int], WindowSpeed]]:
+    """Every policy on vLLM (one engine per policy, the windows in turn) and in the simulator, and
+    each (policy, window)'s engine speed against ``cost``."""
     done: dict[tuple[str, str, int], Replay] = {}
+    speeds: dict[tuple[str, int], WindowSpeed] = {}
     for policy in conf.policies:
         server = VllmServer(conf.replay_config(conf.seeds[0]), policy)
         try:
@@ -106,19 +116,19 @@ def serve_all(
                     dataclasses.replace(one, backends=["vllm"]), {policy: server}, log
                 )
                 after = server.time_scale(cost) if conf.calibrate_speed else 1.0
-                scales[(policy, seed)] = (before, after)
+                speeds[(policy, seed)] = speed = WindowSpeed(before, after)
                 if conf.calibrate_speed:
                     log(
                         f"{policy} window {seed}: vLLM ran {before:.3f}x / {after:.3f}x the profile's step times before / after"
                     )
                 done[(policy, "sim", seed)] = replay(
-                    dataclasses.replace(one, backends=["sim"]), log=log, time_scale=(before + after) / 2
+                    dataclasses.replace(one, backends=["sim"]), log=log, time_scale=speed.mean
                 )
         finally:
             server.close()
             del server
             gc.collect()
-    return done
+    return done, speeds
 
 
 def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print) -> dict:
@@ -142,11 +152,10 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         log(
             f"this machine runs {SPEED_PROBE.label!r} at {speed:.3f}x the reference's speed: load {conf.load_scale:g} -> {load:g}"
         )
-    scales: dict[tuple[str, int], tuple[float, float]] = {}
     profile_cost = (
         run_spec(fitted, fitted.policies[0]).setup.build().cost_model
     )  # the file, as the replays load it
-    done = serve_all(fitted, log, loads, profile_cost, scales)
+    done, speeds = serve_all(fitted, log, loads, profile_cost)
     loads.append(os.getloadavg()[0])
     merged = Replay(
         [r for d in done.values() for r in d.rows],
@@ -155,8 +164,7 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
     )
     write(merged, out)
     runs = {key: next(iter(d.results.values())) for key, d in done.items()}
-    time_scales = {key: (before + after) / 2 for key, (before, after) in scales.items()}
-    summary = compare(runs, conf.policies, conf.seeds, conf.tie, time_scales)
+    summary = compare(runs, conf.policies, conf.seeds, conf.tie, {key: v.mean for key, v in speeds.items()})
     first = done[(conf.policies[0], "vllm", conf.seeds[0])].rows[0].row
     summary.update(
         policies=list(conf.policies),
@@ -167,7 +175,7 @@ def run(conf: SimToRealVllmConfig, out: Path, log: Callable[[str], None] = print
         load_scale_nominal=conf.load_scale,
         machine_speed=speed,
         calibrate_speed=conf.calibrate_speed,
-        time_scale_before_after={f"{p} {s}": list(v) for (p, s), v in scales.items()},
+        time_scale_before_after={f"{p} {s}": [v.before, v.after] for (p, s), v in speeds.items()},
         tie=conf.tie,
         profile={
             "compositions": cal.fit.points,
