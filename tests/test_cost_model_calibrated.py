@@ -104,6 +104,27 @@ def test_decode_iteration_times_are_iteration_time_bit_for_bit(path: Path) -> No
         assert super(RooflineCostModel, cost).decode_iteration_times(n, contexts).tolist() == expected
 
 
+@pytest.mark.parametrize(
+    "path", [EXAMPLE, COST_DIR / cost_file_name("h200", "mistral_7b", 1)], ids=["a100", "h200"]
+)
+@given(
+    n=st.integers(0, 300),
+    context=st.integers(0, 2_000_000),
+    tokens=st.integers(1, 16_384),
+    computed=st.integers(0, 200_000),
+)
+@settings(max_examples=60, deadline=None)
+def test_chunk_iteration_times_are_iteration_time_bit_for_bit(
+    path: Path, n: int, context: int, tokens: int, computed: int
+) -> None:
+    cost = _model(path)
+    expected = [
+        cost.iteration_time(n, context + i * n, (tokens,), (computed + i * tokens,)) for i in range(9)
+    ]
+    assert cost.chunk_iteration_times(n, context, tokens, computed, 9) == expected
+    assert super(RooflineCostModel, cost).chunk_iteration_times(n, context, tokens, computed, 9) == expected
+
+
 @pytest.mark.parametrize("serial_host", [False, True])
 def test_a_pickled_model_is_rebuilt_from_its_constructor_arguments(serial_host: bool) -> None:
     # What a pool worker receives: the same prices, the same description and host rule.

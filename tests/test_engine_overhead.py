@@ -133,7 +133,7 @@ def test_host_and_device_combine_as_the_profile_says(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("profile", ["vllm_v1", "splitwise_2023_eager", "serial"])
-def test_decode_stretches_stay_bit_identical_to_iteration_time(tmp_path: Path, profile: str) -> None:
+def test_stretch_prices_stay_bit_identical_to_iteration_time(tmp_path: Path, profile: str) -> None:
     if profile == "serial":
         _write(tmp_path, {**GOOD, "combine": "sum"})
         overhead = load_engine_overhead("toy", tmp_path)
@@ -145,6 +145,8 @@ def test_decode_stretches_stay_bit_identical_to_iteration_time(tmp_path: Path, p
         expected = [cost.iteration_time(n, int(c), (), ()) for c in contexts]
         assert cost.decode_iteration_times(n, contexts).tolist() == expected
         np.testing.assert_allclose(cost.decode_times(n, contexts), expected, rtol=1e-12)
+        chunks = [cost.iteration_time(n, 5000 + i * n, (300,), (777 + i * 300,)) for i in range(50)]
+        assert cost.chunk_iteration_times(n, 5000, 300, 777, 50) == chunks
 
 
 def test_profile_terms_land_where_the_docstring_says() -> None:

@@ -132,6 +132,13 @@ class DecodeGroup:
         phase = np.array(self.phase, dtype=np.int64)
         return phase[np.arange(-clock, -clock - count, -1, dtype=np.int64) % self.bs]
 
+    def blocks_over(self, clock: int, count: int) -> int:
+        """:meth:`block_needs` of those iterations, summed: every member needs one block in each
+        ``bs`` iterations in a row."""
+        bs, phase = self.bs, self.phase
+        whole = count // bs * bs
+        return whole // bs * self.n + sum(phase[-c % bs] for c in range(clock + whole, clock + count))
+
     def block_need(self, clock: int) -> int:
         """New KV blocks the members need for the decode iteration at ``clock``."""
         return self.phase[-clock % self.bs] if self.n else 0

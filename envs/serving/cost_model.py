@@ -115,6 +115,20 @@ class CostModel(ABC):
         (:meth:`decode_times` groups its terms differently, so it may differ in the last bit.)"""
         return np.array([self.iteration_time(num_decode, c, (), ()) for c in decode_context.tolist()])
 
+    def chunk_iteration_times(
+        self, num_decode: int, decode_context: int, tokens: int, computed: int, count: int
+    ) -> list[float]:
+        """:meth:`iteration_time` of ``count`` iterations of ``num_decode`` decodes plus one chunk of
+        ``tokens``, bit for bit: the ``i``-th with ``decode_context + i * num_decode`` cached decode
+        tokens and ``computed + i * tokens`` cached chunk tokens (a chunk stretch's iterations, which
+        the simulator prices in one call)."""
+        return [
+            self.iteration_time(
+                num_decode, decode_context + i * num_decode, (tokens,), (computed + i * tokens,)
+            )
+            for i in range(count)
+        ]
+
     def prefill_time_alone(self, prompt_tokens: int) -> float:
         """Seconds to prefill one prompt in a single iteration on an idle engine."""
         return self.iteration_time(0, 0, (prompt_tokens,), (0,))
@@ -297,6 +311,7 @@ class RooflineCostModel(CostModel):
         self._cpu_prefill = p.cpu_prefill_s
         self._cpu_seq = p.cpu_s_per_seq
         self._cpu_tok = p.cpu_s_per_token
+        self._linear_memo: dict[int, float] = {}  # linear_time by batch size: a few hundred sizes recur
 
     def __reduce__(self) -> tuple[type[RooflineCostModel], tuple[CostParams, str, bool]]:
         # Pickled (to a pool worker) as its constructor's arguments: CPython 3.11 reads the
@@ -347,13 +362,37 @@ class RooflineCostModel(CostModel):
         if tokens <= 0:
             return 0.0
         seqs = num_decode + chunks
-        gpu = self._engine_time(tokens, seqs) + self._layers * (self.linear_time(tokens) + attn)
+        linear = self._linear_memo.get(tokens)
+        if linear is None:
+            linear = self._linear_memo[tokens] = self.linear_time(tokens)
+        gpu = self._engine_time(tokens, seqs) + self._layers * (linear + attn)
         cpu = (
             self._cpu + self._cpu_seq * seqs + self._cpu_tok * tokens + (self._cpu_prefill if chunks else 0.0)
         )
         if self.serial_host:
             return gpu + cpu
         return gpu if gpu > cpu else cpu
+
+    def chunk_iteration_times(
+        self, num_decode: int, decode_context: int, tokens: int, computed: int, count: int
+    ) -> list[float]:
+        # iteration_time's one-chunk path, operation for operation, with the terms that do not change
+        # along the stretch (everything but the two contexts) computed once.
+        if tokens <= 0:
+            return super().chunk_iteration_times(num_decode, decode_context, tokens, computed, count)
+        total, seqs, layers = num_decode + tokens, num_decode + 1, self._layers
+        base, linear = self._engine_time(total, seqs), self.linear_time(total)
+        cpu = self._cpu + self._cpu_seq * seqs + self._cpu_tok * total + self._cpu_prefill
+        pair, chunk, half = self._pair * tokens, self._chunk, 0.5 * (tokens + 1)
+        dec_fixed, dec_tok, serial = self._dec_seq * num_decode, self._dec_tok, self.serial_host
+        times = []
+        for i in range(count):
+            attn = chunk + pair * (computed + i * tokens + half)
+            if num_decode:
+                attn = dec_fixed + dec_tok * (decode_context + i * num_decode) + attn
+            gpu = base + layers * (linear + attn)
+            times.append(gpu + cpu if serial else gpu if gpu > cpu else cpu)
+        return times
 
     def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         # iteration_time's decode-only path, operation for operation: numpy's float64 ops round

@@ -31,8 +31,9 @@ STRETCH_MIN = 16  # stretches that may run this many iterations are computed wit
 SEGMENT_MIN = 2  # a segment of one iteration is the loop's own, which it runs itself
 
 # End times; latencies and KV blocks used after each (lists, or arrays from the numpy path, turned
-# into lists only for a log that records them); and (numpy path) each end minus the one before.
-Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray, np.ndarray | None]
+# into lists only for a log that records them; the numpy path counts the latter only for such a
+# log); the blocks they allocate; and (numpy path) each end minus the one before.
+Stretch = tuple[list[float], list[float] | np.ndarray, list[int] | np.ndarray | None, int, np.ndarray | None]
 
 
 class CostModelClock:
@@ -109,14 +110,15 @@ class CostModelClock:
             if first > 0:
                 limit = min(limit, int((t_arr - now) / first) + 2)
         if limit >= STRETCH_MIN:
-            stretch = self._stretch_numpy(core, limit, t_arr)
+            stretch = self._stretch_numpy(core, limit, t_arr, log.records)
         else:
             stretch = self._stretch_python(core, limit, t_arr)
-        ends, latencies, kv_used, gaps = stretch
+        ends, latencies, kv_used, blocks, gaps = stretch
         k = len(ends)
         if not k:
             return False
         if log.records:
+            assert kv_used is not None, "counted for a log that records them"
             log.extend(
                 start=[now, *ends[:-1]],
                 latency=_as_list(latencies),
@@ -125,7 +127,7 @@ class CostModelClock:
                 prefill_seqs=[0] * k,
                 kv_used=_as_list(kv_used),
             )
-        core.run_stretch(ends, int(kv_used[-1]) - core.kv.used, gaps)
+        core.run_stretch(ends, blocks, gaps)
         return True
 
     def run_segment(
@@ -138,7 +140,9 @@ class CostModelClock:
         until_s: float,
     ) -> bool:
         """A chunk stretch's iterations (every decode plus ``steady.tokens`` of ``head``) back to back,
-        priced and checked in one loop, then booked at once, up to the first one that must not run
+        priced in one call (:meth:`~envs.serving.cost_model.CostModel.chunk_iteration_times`, as many
+        as could start before the next arrival or deadline at the first one's latency), checked in
+        one loop, then booked at once, up to the first one that must not run
         in a segment: one that would start at or after ``t_arr`` or ``until_s``, stall the decodes,
         pass a TTFT deadline, leave the head no tokens, or break ``steady``'s promise (its price over
         ``max_latency``, ``room`` not fitting in the KV left, which ``tokens`` then do), or one after
@@ -155,20 +159,24 @@ class CostModelClock:
         if limit < SEGMENT_MIN:
             return False
         bound, deadline = min(t_arr, until_s), core.next_deadline()
-        cost, scale, bs, phase = self.cost.iteration_time, self.time_scale, dec.bs, dec.phase
-        stall = core.slo.stall_s if n else math.inf
-        now, last, spare, used = core.now, dec.last_time, core.kv.free, core.kv.used
+        now, scale, context = core.now, self.time_scale, dec.context_sum(clock) if n else 0
+        cost = self.cost.chunk_iteration_times
+        first = cost(n, context, tokens, c, 1)[0] * scale
+        if first > 0 and min(bound, deadline) < math.inf:
+            # Latencies grow with the contexts: iterations past these would start after the bound.
+            limit = min(limit, int((min(bound, deadline) - now) / first) + 2)
+        bs, phase, stall = dec.bs, dec.phase, core.slo.stall_s if n else math.inf
+        last, spare, used = dec.last_time, core.kv.free, core.kv.used
         ends: list[float] = []
         latencies: list[float] = []
         kv_used: list[int] = []
-        for step in range(clock, clock + limit):
+        for step, price in zip(range(clock, clock + limit), cost(n, context, tokens, c, limit), strict=True):
             if now >= bound:
                 break
             need = phase[-step % bs] if n else 0
             held = -(-c // bs)
             if -(-(c + room) // bs) - held > spare - need:
                 break
-            price = cost(n, dec.context_sum(step) if n else 0, (tokens,), (c,))
             if not price <= max_latency:
                 break
             latency = price if scale == 1.0 else price * scale
@@ -199,7 +207,7 @@ class CostModelClock:
         return True
 
     def _stretch_python(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
-        """Up to ``limit`` iterations of the stretch, one by one: (end times, latencies, KV used)."""
+        """Up to ``limit`` iterations of the stretch, one by one (see :data:`Stretch`)."""
         dec = core.decode
         n, bs, phase, clock = dec.n, dec.bs, dec.phase, dec.clock
         free, stall, used = core.kv.free, core.slo.stall_s, core.kv.used
@@ -225,12 +233,13 @@ class CostModelClock:
             latencies.append(lat)
             kv_used.append(used + allocated)
             now = last = end
-        return ends, latencies, kv_used, None
+        return ends, latencies, kv_used, allocated, None
 
-    def _stretch_numpy(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
-        """:meth:`_stretch_python` in a few numpy calls: cumulative sums are sequential, as the loop's."""
+    def _stretch_numpy(self, core: ServingCore, limit: int, t_arr: float, kv_log: bool) -> Stretch:
+        """:meth:`_stretch_python` in a few numpy calls: cumulative sums are sequential, as the loop's.
+        The KV blocks used after each iteration only with ``kv_log``."""
         dec = core.decode
-        clock = dec.clock
+        clock, free = dec.clock, core.kv.free
         latency = self.cost.decode_iteration_times(dec.n, dec.context_sums(clock, limit))
         if self.time_scale != 1.0:
             latency *= self.time_scale  # elementwise, as the scalar path's product
@@ -238,14 +247,20 @@ class CostModelClock:
         starts, ends = times[:-1], times[1:]
         gaps = ends - starts
         gaps[0] = ends[0] - dec.last_time
-        allocated = dec.block_needs(clock, limit).cumsum()
         # The first iteration that must not run: it would start at or after the arrival, over-commit
         # the KV cache (both searched: start times and allocations only grow) or stall.
-        k = min(int(starts.searchsorted(t_arr)), int(allocated.searchsorted(core.kv.free, "right")))
+        k = int(starts.searchsorted(t_arr))
+        allocated = None
+        if kv_log or free < dec.n * -(-limit // dec.bs):  # a member needs a block every bs iterations
+            allocated = dec.block_needs(clock, limit).cumsum()
+            k = min(k, int(allocated.searchsorted(free, "right")))
         stalls = (gaps[:k] > core.slo.stall_s).nonzero()[0]
         if len(stalls):
             k = int(stalls[0])
-        return ends[:k].tolist(), latency[:k], core.kv.used + allocated[:k], gaps[:k]
+        if allocated is None:
+            return ends[:k].tolist(), latency[:k], None, dec.blocks_over(clock, k), gaps[:k]
+        blocks = int(allocated[k - 1]) if k else 0
+        return ends[:k].tolist(), latency[:k], core.kv.used + allocated[:k], blocks, gaps[:k]
 
 
 def _as_list(values: list[float] | list[int] | np.ndarray) -> list[float] | list[int]:
