@@ -13,11 +13,15 @@ their price to the clock) and the speculative search over ``--parallel`` worker 
 cores this process may use), one pool shared by the whole grid, the slowest searches' probes first,
 with the quickest searches' next probes queued behind them (one per worker).
 
-    python bench/capacity_speed.py [--parallel N]
+    python bench/capacity_speed.py [--parallel N] [--rounds R]
 
-The last stdout line is one JSON object: baseline_s, fast_s, speedup (wall clock),
-identical (every capacity bit-identical to the reference search's), load_avg, and the CPU
-seconds of both (baseline_cpu_s, fast_cpu_s: the work done, robust to a loaded machine).
+The grid runs ``--rounds`` times each way (default 2), in the order baseline, fast, fast,
+baseline, ... (ABBA), so that a machine whose speed drifts steadily during the run slows both
+alike; a shared VM's speed moves by tens of percent within minutes.
+The last stdout line is one JSON object: baseline_s, fast_s (each a round's mean), speedup
+(wall clock, all rounds' ratio), identical (every capacity of every round bit-identical to the
+reference search's), load_avg, the CPU seconds of both (baseline_cpu_s, fast_cpu_s: the work
+done, robust to a loaded machine) and round_speedups (each round's ratio, as the drift leaves it).
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ def main() -> None:
     chunkgym.require_own_packages()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parallel", type=int, default=0, help="probes in flight (0: the cores available)")
+    ap.add_argument("--rounds", type=int, default=2, help="grids timed each way, in ABBA order")
     args = ap.parse_args()
     parallel = args.parallel or default_jobs()
     if parallel < 1:
         ap.error(f"--parallel must be >= 0, got {args.parallel}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
 
     setup = ServingSetup.from_names()
     workloads = {w: load_workload(w) for w in WORKLOADS}  # parsed once, outside both timings
@@ -59,14 +66,25 @@ def main() -> None:
         for p in POLICIES
     ]
     load_before = os.getloadavg()
-
-    t0, cpu0 = time.perf_counter(), _cpu_s()
-    baseline = measure_capacities(queries, early_stop=False, parallel=1)
-    baseline_s, baseline_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
-
-    t0, cpu0 = time.perf_counter(), _cpu_s()
-    fast = measure_capacities(queries, early_stop=True, parallel=parallel)  # its pool's start-up counts
-    fast_s, fast_cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
+    timed = {
+        "baseline": functools.partial(measure_capacities, queries, early_stop=False, parallel=1),
+        "fast": functools.partial(measure_capacities, queries, early_stop=True, parallel=parallel),
+    }  # the fast one's pool start-up counts
+    found: dict[str, list[list[Capacity]]] = {"baseline": [], "fast": []}
+    wall: dict[str, list[float]] = {"baseline": [], "fast": []}
+    cpu: dict[str, list[float]] = {"baseline": [], "fast": []}
+    for r in range(args.rounds):
+        for way in ("baseline", "fast") if r % 2 == 0 else ("fast", "baseline"):
+            t0, cpu0 = time.perf_counter(), _cpu_s()
+            found[way].append(timed[way]())
+            wall[way].append(time.perf_counter() - t0)
+            cpu[way].append(_cpu_s() - cpu0)
+    baseline, fast = found["baseline"][0], found["fast"][0]
+    baseline_s, fast_s = (sum(wall[w]) / args.rounds for w in ("baseline", "fast"))
+    baseline_cpu_s, fast_cpu_s = (sum(cpu[w]) / args.rounds for w in ("baseline", "fast"))
+    identical = all(
+        _same(r, g) for got in found["baseline"] + found["fast"] for r, g in zip(baseline, got, strict=True)
+    )
 
     print(f"{'workload':14s} {'policy':14s} {'scale':>10s} {'probes':>6s} {'early':>5s} {'spec':>4s}  same")
     for q, ref, got in zip(queries, baseline, fast, strict=True):
@@ -82,7 +100,7 @@ def main() -> None:
                 "baseline_s": round(baseline_s, 3),
                 "fast_s": round(fast_s, 3),
                 "speedup": round(baseline_s / fast_s, 3),
-                "identical": all(_same(r, g) for r, g in zip(baseline, fast, strict=True)),
+                "identical": identical,
                 "baseline_cpu_s": round(baseline_cpu_s, 3),
                 "fast_cpu_s": round(fast_cpu_s, 3),
                 "parallel": parallel,
@@ -93,6 +111,9 @@ def main() -> None:
                     sum(p.requests_decided for p in probes) / sum(p.requests for p in probes), 4
                 ),
                 "speculative_probes": sum(c.speculative for c in fast),
+                "round_speedups": [
+                    round(b / f, 3) for b, f in zip(wall["baseline"], wall["fast"], strict=True)
+                ],
                 "load_avg_before": [round(x, 2) for x in load_before],
                 "load_avg": [round(x, 2) for x in os.getloadavg()],
             }
