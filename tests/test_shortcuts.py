@@ -62,6 +62,11 @@ def _run(
     return sim, seen
 
 
+def _kv_counts(core) -> tuple[int, int, int, int]:
+    kv = core.kv
+    return kv.free, kv.empty, kv.private, kv.evictions
+
+
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:
     return a.keys() == b.keys() and all(
         x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a.values(), b.values(), strict=True)
@@ -79,13 +84,7 @@ def test_runs_with_and_without_shortcuts_agree_at_every_iteration(shortcuts, cas
     )
     assert seen_on == seen_off
     c_on, c_off = on.core, off.core
-    kv_on, kv_off = c_on.kv, c_off.kv
-    assert (kv_on.free, kv_on.empty, kv_on.private, kv_on.evictions) == (
-        kv_off.free,
-        kv_off.empty,
-        kv_off.private,
-        kv_off.evictions,
-    )
+    assert _kv_counts(c_on) == _kv_counts(c_off)
     assert [(r.status, r.violated, r.credited, r.generated) for r in c_on.requests] == [
         (r.status, r.violated, r.credited, r.generated) for r in c_off.requests
     ]
@@ -251,15 +250,9 @@ def test_chunk_stretches_run_in_segments_reach_the_state_of_iteration_by_iterati
     assert [(r.status, r.violated, r.credited, r.generated, r.prefix_units) for r in c_on.requests] == [
         (r.status, r.violated, r.credited, r.generated, r.prefix_units) for r in c_off.requests
     ]
-    kv_on, kv_off = c_on.kv, c_off.kv
-    assert (kv_on.free, kv_on.empty, kv_on.private, kv_on.evictions) == (
-        kv_off.free,
-        kv_off.empty,
-        kv_off.private,
-        kv_off.evictions,
-    )
-    assert list(kv_on._refs.items()) == list(kv_off._refs.items())
-    assert list(kv_on._evictable) == list(kv_off._evictable)
+    assert _kv_counts(c_on) == _kv_counts(c_off)
+    assert list(c_on.kv._refs.items()) == list(c_off.kv._refs.items())
+    assert list(c_on.kv._evictable) == list(c_off.kv._evictable)
     assert (c_on.latency_ewma, c_on.decode.slack_base) == (c_off.latency_ewma, c_off.decode.slack_base)
     assert all(np.array_equal(c_on.token_times[k], t) for k, t in c_off.token_times.items())
 
