@@ -135,9 +135,8 @@ class DecodeGroup:
     def blocks_over(self, clock: int, count: int) -> int:
         """:meth:`block_needs` of those iterations, summed: every member needs one block in each
         ``bs`` iterations in a row."""
-        bs, phase = self.bs, self.phase
-        whole = count // bs * bs
-        return whole // bs * self.n + sum(phase[-c % bs] for c in range(clock + whole, clock + count))
+        bs, phase, rounds = self.bs, self.phase, count // self.bs
+        return rounds * self.n + sum(phase[-c % bs] for c in range(clock + rounds * bs, clock + count))
 
     def block_need(self, clock: int) -> int:
         """New KV blocks the members need for the decode iteration at ``clock``."""
@@ -422,8 +421,7 @@ class ServingCore:
         miss it (inf: none); the ones before it are dropped, as :meth:`_expire_deadlines` would."""
         heap = self._deadlines
         while heap:
-            req = heap[0][2]
-            if req.generated == 0 and req.status is Status.WAITING and not req.violated:
+            if _awaits_first_token(heap[0][2]):
                 return heap[0][0]
             heapq.heappop(heap)
         return math.inf
@@ -783,7 +781,7 @@ class ServingCore:
         now, heap = self.now, self._deadlines
         while heap and heap[0][0] < now:
             _, _, req = heapq.heappop(heap)
-            if req.generated == 0 and req.status is Status.WAITING and not req.violated:
+            if _awaits_first_token(req):
                 if now - req.arrival > req.ttft_bound:
                     self._violate(req)
                 else:  # rounding put the deadline a hair early: look again next iteration
@@ -818,3 +816,9 @@ class ServingCore:
 
 def _start_order(req: Request) -> int:
     return req.start_order
+
+
+def _awaits_first_token(req: Request) -> bool:
+    """Whether ``req``'s TTFT deadline is still watched: it waits for its first token, not yet known
+    to miss its SLO."""
+    return req.generated == 0 and req.status is Status.WAITING and not req.violated

@@ -160,17 +160,19 @@ class CostModelClock:
             return False
         bound, deadline = min(t_arr, until_s), core.next_deadline()
         now, scale, context = core.now, self.time_scale, dec.context_sum(clock) if n else 0
-        cost = self.cost.chunk_iteration_times
-        first = cost(n, context, tokens, c, 1)[0] * scale
-        if first > 0 and min(bound, deadline) < math.inf:
-            # Latencies grow with the contexts: iterations past these would start after the bound.
-            limit = min(limit, int((min(bound, deadline) - now) / first) + 2)
+        cost, horizon = self.cost.chunk_iteration_times, min(bound, deadline)
+        prices = cost(n, context, tokens, c, 1)
+        if prices[0] > 0 and horizon < math.inf:
+            # Latencies grow with the contexts: iterations past these would start after the horizon
+            # (at least the first, which the loop checks against it).
+            limit = min(limit, max(1, int((horizon - now) / (prices[0] * scale)) + 2))
+        prices += cost(n, context + n, tokens, c + tokens, limit - 1)
         bs, phase, stall = dec.bs, dec.phase, core.slo.stall_s if n else math.inf
         last, spare, used = dec.last_time, core.kv.free, core.kv.used
         ends: list[float] = []
         latencies: list[float] = []
         kv_used: list[int] = []
-        for step, price in zip(range(clock, clock + limit), cost(n, context, tokens, c, limit), strict=True):
+        for step, price in zip(range(clock, clock + limit), prices, strict=True):
             if now >= bound:
                 break
             need = phase[-step % bs] if n else 0
