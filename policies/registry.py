@@ -14,6 +14,8 @@ with plain values as arguments (SECURITY.md).
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import json
 import re
@@ -96,7 +98,8 @@ def policy_env_id(name: str, default: str) -> str:
 def preset_policy(path: Path) -> Policy:
     """The policy a preset file describes: ``_target_`` (a Policy class of this repo) + plain arguments."""
     try:
-        conf = yaml.safe_load(path.read_text())
+        stat = path.stat()
+        conf = copy.deepcopy(_parsed_yaml(path, stat.st_mtime_ns, stat.st_size))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: cannot read the policy preset ({exc})") from None
     if not isinstance(conf, dict) or not isinstance(conf.get("_target_"), str):
@@ -113,6 +116,13 @@ def preset_policy(path: Path) -> Policy:
         return cls(**conf)
     except (TypeError, ValueError) as exc:  # an unknown argument, or a value out of range
         raise ValueError(f"{path}: {target}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_yaml(path: Path, mtime_ns: int, size: int) -> Any:
+    """A YAML file's contents, parsed once per version of the file: a capacity search makes a
+    policy for every probe, and parsing its preset each time showed in short probes' profiles."""
+    return yaml.safe_load(path.read_text())
 
 
 def _policy_class(path: Path, target: str) -> type[Policy]:

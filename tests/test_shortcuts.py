@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import Adaptive, Sarathi
-from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
+from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, DecodeGroup, Shortcuts
 from envs.serving.loop import CountStop, UnrecordedLog
 from envs.serving.metrics import tpot_of
 from envs.serving.simulator import CostModelClock, Simulator
@@ -308,3 +308,17 @@ def test_a_segment_ends_where_its_iterations_grow_past_the_stall_bound():
         assert stream.violated and 0 < prompt.computed < prompt.prompt_len, "missed mid-stretch"
         stopped.append((core.now, core.decode.clock, prompt.computed, sim.log.arrays()["latency"].tolist()))
     assert stopped[0] == stopped[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 32).flatmap(lambda bs: st.lists(st.integers(0, 5), min_size=bs, max_size=bs)),
+    st.integers(0, 10_000),
+    st.integers(0, 200),
+)
+def test_blocks_over_sums_block_need_over_the_stretch(phase, clock, count):
+    """The shortcut's KV count for an uncounted decode stretch (whole rounds of ``bs`` iterations,
+    then a run of residues wrapping past 0) is the per-iteration count's sum."""
+    group = DecodeGroup(len(phase), tpot_s=0.05)
+    group.phase, group.n = phase, sum(phase)
+    assert group.blocks_over(clock, count) == sum(group.block_need(c) for c in range(clock, clock + count))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -26,6 +28,26 @@ def test_slice_keeps_time_base_and_hashes():
     assert [h.tolist() for h in part.hash_ids] == [[1], [2]]
     assert part.span_s == tr.span_s and part.first_row == 1 and len(part) == 2
     assert len(tr.slice(3, 1)) == 0
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_a_pickled_trace_comes_back_whole(hashed, n):
+    """As a capacity probe's trace travels to a pool worker: hash ids packed in one array."""
+    hashes = tuple(np.arange(i, 2 * i + 1) for i in range(n)) if hashed else None
+    tr = make(
+        [0.5 * i for i in range(n)], prompt=list(range(1, n + 1)), hashes=hashes, block=512 if hashed else 0
+    )
+    back = pickle.loads(pickle.dumps(tr))
+    for f in dataclasses.fields(Trace):
+        got, want = getattr(back, f.name), getattr(tr, f.name)
+        if isinstance(want, np.ndarray):
+            assert got.tolist() == want.tolist() and got.dtype == want.dtype
+        elif f.name == "hash_ids" and want is not None:
+            assert [h.tolist() for h in got] == [h.tolist() for h in want]
+            assert not any(h.flags.writeable for h in got)
+        else:
+            assert got == want
 
 
 @pytest.mark.parametrize(

@@ -136,7 +136,11 @@ class DecodeGroup:
         """:meth:`block_needs` of those iterations, summed: every member needs one block in each
         ``bs`` iterations in a row."""
         bs, phase, rounds = self.bs, self.phase, count // self.bs
-        return rounds * self.n + sum(phase[-c % bs] for c in range(clock + rounds * bs, clock + count))
+        left = count - rounds * bs  # the last iterations', fewer than bs: residues top down from
+        top = -(clock + rounds * bs) % bs  # this one's, wrapping past 0 to bs - 1
+        if left <= top + 1:
+            return rounds * self.n + sum(phase[top + 1 - left : top + 1])
+        return rounds * self.n + sum(phase[: top + 1]) + sum(phase[bs - (left - top - 1) :])
 
     def block_need(self, clock: int) -> int:
         """New KV blocks the members need for the decode iteration at ``clock``."""
@@ -187,22 +191,26 @@ class DecodeGroup:
         self.last_time = t_end
         self.clock += 1
 
-    def record_stretch(self, ends: list[float], gaps: np.ndarray | None = None) -> None:
+    def record_stretch(
+        self, ends: list[float], gaps: np.ndarray | None = None, slack: float | None = None
+    ) -> None:
         """Decode iterations ended at ``ends``, no member joining: :meth:`record` once per end, in
         one call (the slack sums in the same order, so bit for bit the same state).  ``gaps``, if
         given: ``ends`` minus each one's previous end (the first's: ``last_time``), as numpy
-        computed them, so the slack is one sequential ``np.cumsum``."""
-        tpot, slack, last = self.tpot_s, self.slack_base, self.last_time
-        if gaps is None:
-            for t_end in ends:
-                slack += tpot - (t_end - last)
-                last = t_end
-        else:
-            slack = float(np.concatenate(([slack], tpot - gaps)).cumsum()[-1])
-            last = ends[-1]
+        computed them, so the slack is one sequential ``np.cumsum``; ``slack``, if given: the sum
+        itself, as the caller's loop added it up (:meth:`record`'s operations in its order)."""
+        tpot, last = self.tpot_s, self.last_time
+        if slack is None:
+            slack = self.slack_base
+            if gaps is None:
+                for t_end in ends:
+                    slack += tpot - (t_end - last)
+                    last = t_end
+            else:
+                slack = float(np.concatenate(([slack], tpot - gaps)).cumsum()[-1])
         self.slack_base = slack
         self.end.extend(ends)
-        self.last_time = last
+        self.last_time = ends[-1]
         self.clock += len(ends)
 
     def min_tpot_slack(self) -> float:
@@ -602,19 +610,20 @@ class ServingCore:
         gaps: np.ndarray | None,
         head: Request | None = None,
         tokens: int = 0,
+        slack: float | None = None,
     ) -> None:
         """Book iterations that ended at ``ends``, run back to back by the simulator, in one call, as
         :meth:`begin` and :meth:`end` of each would: every decode (no member joining, none finishing
         before the last, no stall), plus, with ``head``, ``tokens`` of its prefill over all of them
         (it goes on prefilling; no TTFT deadline passes).  ``blocks``: the KV blocks they allocate;
-        ``gaps``: see :meth:`DecodeGroup.record_stretch`.  Bit for bit the state iteration by
+        ``gaps`` and ``slack``: see :meth:`DecodeGroup.record_stretch`.  Bit for bit the state iteration by
         iteration booking reaches: the blocks are allocated first and the prefix units published last,
         as neither eviction nor a finish changes which units a publish finds cached."""
         self.kv.allocate(blocks)
         self.observe_stretch(ends)
         dec = self.decode
         if dec.n:
-            dec.record_stretch(ends, gaps if self._shortcuts.stretches else None)
+            dec.record_stretch(ends, gaps if self._shortcuts.stretches else None, slack)
             for req in dec.pop_finished():
                 self.finish(req, dec.leave(req))
         if head is not None:
@@ -702,10 +711,9 @@ class ServingCore:
         hash_ids = req.hash_ids
         assert hash_ids is not None, "called only for requests with hash ids"
         limit = min(min(req.computed, req.prompt_len) // kv.unit_tokens, len(hash_ids))
-        for uid in hash_ids[len(units) : limit]:
-            if not kv.publish(uid):
-                break  # someone else cached it meanwhile: keep our private copy from here on
-            units.append(uid)
+        new = hash_ids[len(units) : limit]
+        published = kv.publish(new)
+        units.extend(new if published == len(new) else new[:published])
 
     def _prefill_done(self, req: Request, t: float) -> None:
         self.queue.remove(req)

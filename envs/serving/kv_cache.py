@@ -48,13 +48,15 @@ class BlockManager:
         return -(-tokens // self.block_size)
 
     def _make_room(self, blocks: int) -> None:
-        while self.empty < blocks:
-            if not self._evictable:
-                raise RuntimeError(f"KV cache over-committed: need {blocks} blocks, {self.free} free")
-            uid, _ = self._evictable.popitem(last=False)
-            del self._refs[uid]
-            self.empty += self.unit_blocks  # an evictable unit was free already: free is unchanged
-            self.evictions += 1
+        """Evict the least recently used cached units until ``blocks`` are empty."""
+        short, lru = blocks - self.empty, self._evictable
+        if short > len(lru) * self.unit_blocks:
+            raise RuntimeError(f"KV cache over-committed: need {blocks} blocks, {self.free} free")
+        units, refs = -(-short // self.unit_blocks), self._refs
+        for _ in range(units):
+            del refs[lru.popitem(last=False)[0]]
+        self.empty += units * self.unit_blocks  # evictable units were free already: free is unchanged
+        self.evictions += units
 
     # ---- private blocks -------------------------------------------------------------
     def allocate(self, blocks: int) -> None:
@@ -83,32 +85,38 @@ class BlockManager:
 
     def acquire(self, uids: list[int]) -> None:
         """Reference cached units (pinning them against eviction)."""
+        refs, lru, pinned = self._refs, self._evictable, 0
         for uid in uids:
-            n = self._refs[uid]
+            n = refs[uid]
             if n == 0:
-                del self._evictable[uid]
-                self.free -= self.unit_blocks
-            self._refs[uid] = n + 1
+                del lru[uid]
+                pinned += 1
+            refs[uid] = n + 1
+        self.free -= pinned * self.unit_blocks
 
-    def publish(self, uid: int) -> bool:
-        """Turn ``unit_blocks`` of the caller's private blocks into cached unit ``uid``.
-
-        Returns False, changing nothing, when ``uid`` is cached already (another request
-        computed the same prefix meanwhile): the caller keeps its private copy.
-        """
-        if uid in self._refs:
-            return False
-        self._refs[uid] = 1
-        self.private -= self.unit_blocks
-        return True
+    def publish(self, uids: Sequence[int]) -> int:
+        """Turn ``unit_blocks`` of the caller's private blocks into each cached unit of ``uids``, in
+        order, up to the first cached already (another request computed the same prefix meanwhile:
+        the caller keeps its private copy from there on); how many it published."""
+        refs = self._refs
+        published = 0
+        for uid in uids:
+            if uid in refs:
+                break
+            refs[uid] = 1
+            published += 1
+        self.private -= published * self.unit_blocks
+        return published
 
     def release_units(self, uids: list[int]) -> None:
+        refs, lru, unpinned = self._refs, self._evictable, 0
         for uid in uids:
-            n = self._refs[uid] - 1
-            self._refs[uid] = n
+            n = refs[uid] - 1
+            refs[uid] = n
             if n == 0:
-                self._evictable[uid] = None
-                self.free += self.unit_blocks
+                lru[uid] = None
+                unpinned += 1
+        self.free += unpinned * self.unit_blocks
 
     def check(self) -> None:
         in_use = sum(1 for n in self._refs.values() if n > 0)

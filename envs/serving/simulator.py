@@ -168,7 +168,9 @@ class CostModelClock:
             limit = min(limit, max(1, int((horizon - now) / (prices[0] * scale)) + 2))
         prices += cost(n, context + n, tokens, c + tokens, limit - 1)
         bs, phase, stall = dec.bs, dec.phase, core.slo.stall_s if n else math.inf
-        last, spare, used = dec.last_time, core.kv.free, core.kv.used
+        last, slack, tpot, spare = dec.last_time, dec.slack_base, dec.tpot_s, core.kv.free
+        records = log.records
+        held = -(-c // bs)  # the head's blocks
         ends: list[float] = []
         latencies: list[float] = []
         kv_used: list[int] = []
@@ -176,27 +178,30 @@ class CostModelClock:
             if now >= bound:
                 break
             need = phase[-step % bs] if n else 0
-            held = -(-c // bs)
             if -(-(c + room) // bs) - held > spare - need:
                 break
             if not price <= max_latency:
                 break
             latency = price if scale == 1.0 else price * scale
             end = now + latency
-            if end - last > stall or end > deadline:
+            gap = end - last
+            if gap > stall or end > deadline:
                 break
-            blocks = -(-(c + tokens) // bs) - held + need
-            spare -= blocks
-            used += blocks
-            ends.append(end)
-            latencies.append(latency)
-            kv_used.append(used)
-            now = last = end
+            slack += tpot - gap  # as DecodeGroup.record sums it
             c += tokens
+            grown = -(-c // bs)
+            blocks = grown - held + need
+            held = grown
+            spare -= blocks
+            ends.append(end)
+            if records:
+                latencies.append(latency)
+                kv_used.append(core.kv.total - spare)
+            now = last = end
         k = len(ends)
         if not k:
             return False
-        if log.records:
+        if records:
             log.extend(
                 start=[core.now, *ends[:-1]],
                 latency=latencies,
@@ -205,7 +210,7 @@ class CostModelClock:
                 prefill_seqs=[1] * k,
                 kv_used=kv_used,
             )
-        core.run_stretch(ends, used - core.kv.used, None, head, tokens * k)
+        core.run_stretch(ends, core.kv.free - spare, None, head, tokens * k, slack)
         return True
 
     def _stretch_python(self, core: ServingCore, limit: int, t_arr: float) -> Stretch:
