@@ -165,8 +165,14 @@ def run_engine(conf: ReplayConfig, policy: str, trace: Trace, model: LlamaModel,
     progress = Progress(f"{policy} [engine]", round(trace.span_s), say=log)
     engine = Engine(trace, setup, model, seed=conf.prompt_seed, clock=ProgressClock(conf.idle, progress))
     warm_up(engine.runner)
+    # What the process holds now (the model, earlier runs' results) is left out of every collection
+    # while the engine serves, so an iteration pays for collecting only what serving allocates.
     gc.collect()
-    return engine.run(make_policy(policy))
+    gc.freeze()
+    try:
+        return engine.run(make_policy(policy))
+    finally:
+        gc.unfreeze()
 
 
 def scheduler_overhead(conf: ReplayConfig, model: LlamaModel, span_s: float = OVERHEAD_SPAN_S) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import engine.replay
 from chunkgym import REPO_ROOT
 from engine.replay import ReplayConfig, load_config, main
 from tests.simtools import make_trace
@@ -132,3 +134,27 @@ def test_the_cpu_config_is_the_documented_default():
     assert (conf.model, conf.hardware, conf.threads, conf.length_scale) == ("engine_small", "cpu", 1, 8.0)
     assert conf.idle == "spin"
     assert conf.serving.num_blocks > 0
+
+
+def test_the_engine_serves_with_what_the_process_held_frozen_out_of_the_collector(tmp_path, monkeypatch):
+    held = [[]]  # alive before the run: tracked by the collector until the engine starts serving
+    assert any(o is held for o in gc.get_objects())
+    tracked_while_serving: list[bool] = []
+    run = engine.replay.Engine.run
+
+    def watched_run(self, policy):
+        tracked_while_serving.append(any(o is held for o in gc.get_objects()))
+        return run(self, policy)
+
+    monkeypatch.setattr(engine.replay.Engine, "run", watched_run)
+    trace = write_trace(tmp_path / "trace.csv")
+    main(
+        [
+            f"workload=file:{trace}",
+            "policies=[sarathi_512]",
+            "backends=[engine]",
+            f"output_dir={tmp_path / 'out'}",
+        ]
+    )
+    assert tracked_while_serving == [False]
+    assert any(o is held for o in gc.get_objects())  # and tracked again once it is done

@@ -9,6 +9,7 @@ Engines run in-process on the CPU backend with the ``vllm_small`` shapes and see
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 
 import numpy as np
@@ -121,8 +122,21 @@ def test_a_saved_profile_refits_without_vllm_to_the_same_file(conf, tmp_path):
 
 def test_replay_times_every_token_and_writes_evaluate_rows(conf, tmp_path):
     server = VllmServer(conf, "sarathi_256")
+    held = [[]]  # alive before the window: tracked by the collector until the window starts
+    assert any(o is held for o in gc.get_objects())
+    tracked_in_first_step: list[bool] = []
+    step = server.engine.step
+
+    def watched_step():
+        if not tracked_in_first_step:
+            tracked_in_first_step.append(any(o is held for o in gc.get_objects()))
+        return step()
+
+    server.engine.step = watched_step
     try:
         out = replay(conf, {"sarathi_256": server}, log=lambda _: None)
+        assert tracked_in_first_step == [False]  # frozen out of the collector while served
+        server.engine.step = step
         assert not server.engine.has_unfinished_requests()
         steps = server.warm_up()  # timed steps of known batches, as time_scale measures them
         assert len(steps) >= max(output for _, output in WARMUP) and all(s > 0 for s, _ in steps)

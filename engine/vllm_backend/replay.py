@@ -20,6 +20,7 @@ ran, ``decode_context``, ``schedule_s`` (time inside ``schedule()``, the policy'
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -171,10 +172,17 @@ class VllmServer:
         self.engine.engine_core.shutdown()
 
     def serve(self, trace: Trace, setup: ServingSetup, log: Callable[[str], None] = print) -> SimResult:
-        """Serve ``trace`` in real time from now; the policy is reset first (a fresh window)."""
+        """Serve ``trace`` in real time from now; the policy is reset first (a fresh window).
+
+        What the process holds when the window starts (earlier windows' results, the simulator's
+        runs) is collected and frozen out of the garbage collector, as vLLM's engine core freezes its
+        start-up heap: a served step then pays for collecting only what serving allocates, as in
+        vLLM's own server, whose engine core process holds no harness."""
         conf, engine, sched, rec = self.conf, self.engine, self.sched, self.recorder
         if engine.has_unfinished_requests():
             raise RuntimeError("vLLM still holds requests of an earlier replay")
+        gc.collect()
+        gc.freeze()
         sched.chunkgym_policy.reset(sched.view)
         sched.steps = []  # the plugin records plan and schedule of every step
         n = len(trace)
