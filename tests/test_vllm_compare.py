@@ -68,8 +68,11 @@ def test_compare_averages_windows_and_pools_steps():
     ]
     assert out["iteration_mape_profile"] == out["iteration_mape"]  # no time scales: the same steps
     assert a["time_scale_per_window"] == [1.0, 1.0]
+    assert out["step_speed_range"] == pytest.approx([1.0, 1.5])  # over every policy's windows
     text = table(out)
     assert "| `a` | 3 |" in text and "Kendall tau-b 1.000" in text
+    assert "| 1.000 | 1.50-1.50 |" in text  # b's plan agreement, then its windows' step speeds
+    assert "| 1.00-1.50 | Kendall tau-b" in text
 
 
 def test_compare_scales_each_windows_predictions_by_its_time_scale():

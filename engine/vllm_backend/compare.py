@@ -109,6 +109,9 @@ def compare(
         key = f"{m.removesuffix('_s')}_rel_err"
         headline[key] = max(per[p][key] for p in policies)
     headline["plan_agreement"] = plan_agreement(pooled["profile"])
+    # how far the machine's speed moved from the profile's over every replay: the errors follow it
+    speeds = [v for p in policies for v in per[p]["step_speed_per_window"]]
+    headline["step_speed_range"] = [min(speeds), max(speeds)]
     headline["kendall_tau"] = kendall_tau_b(
         [per[p]["vllm"]["goodput_rps"] for p in policies],
         [per[p]["sim"]["goodput_rps"] for p in policies],
@@ -121,8 +124,8 @@ def table(summary: dict) -> str:
     """The per-policy comparison as a Markdown table."""
     lines = [
         "| policy | steps | iteration MAPE (profile alone) | TTFT P50 vLLM / sim | TTFT P99 vLLM / sim | TBT P99 vLLM / sim "
-        "| plan agreement | goodput vLLM / sim |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| plan agreement | step speed vs profile | goodput vLLM / sim |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, s in summary["per_policy"].items():
         v, m = s["vllm"], s["sim"]
@@ -131,12 +134,18 @@ def table(summary: dict) -> str:
             f"| {v['ttft_p50_s'] * 1e3:.0f} / {m['ttft_p50_s'] * 1e3:.0f} ms ({s['ttft_p50_rel_err']:.1%}) "
             f"| {v['ttft_p99_s'] * 1e3:.0f} / {m['ttft_p99_s'] * 1e3:.0f} ms ({s['ttft_p99_rel_err']:.1%}) "
             f"| {v['tbt_p99_s'] * 1e3:.1f} / {m['tbt_p99_s'] * 1e3:.1f} ms ({s['tbt_p99_rel_err']:.1%}) "
-            f"| {s['plan_agreement']:.3f} | {v['goodput_rps']:.3f} / {m['goodput_rps']:.3f} req/s |"
+            f"| {s['plan_agreement']:.3f} | {_span(s['step_speed_per_window'])} "
+            f"| {v['goodput_rps']:.3f} / {m['goodput_rps']:.3f} req/s |"
         )
     lines.append(
         f"| all / worst | | {summary['iteration_mape']:.1%} ({summary['iteration_mape_profile']:.1%}) "
         f"| {summary['ttft_p50_rel_err']:.1%} "
         f"| {summary['ttft_p99_rel_err']:.1%} | {summary['tbt_p99_rel_err']:.1%} | {summary['plan_agreement']:.3f} "
-        f"| Kendall tau-b {summary['kendall_tau']:.3f} |"
+        f"| {_span(summary['step_speed_range'])} | Kendall tau-b {summary['kendall_tau']:.3f} |"
     )
     return "\n".join(lines)
+
+
+def _span(values: Sequence[float]) -> str:
+    """``0.95-1.03``: the least and the largest of ``values``."""
+    return f"{min(values):.2f}-{max(values):.2f}"

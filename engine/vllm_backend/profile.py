@@ -2,7 +2,7 @@
 
     python -m engine.vllm_backend.profile                      # conf/engine/vllm/cpu_vllm.yaml -> conf/cost/cpu__vllm_small__tp1.yaml
     python -m engine.vllm_backend.profile out=DIR repeats=3 config=conf/engine/my_vllm.yaml
-    python -m engine.vllm_backend.profile refit=outputs/vllm/profile.csv   # fit saved samples again, no vLLM
+    python -m engine.vllm_backend.profile refit=outputs/vllm/profile.csv   # fit saved samples again, running no vLLM step
 
 Each composition of :func:`grid` (:func:`calibration.iterations.default_grid`: decodes x context,
 prefill chunks x context, several prompts at once, a chunk beside decodes; and whole-prompt steps of
