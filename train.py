@@ -87,6 +87,12 @@ def main(dcfg: DictConfig) -> None:
     elif cfg.algo.bc_steps:  # optional warm start: imitate a teacher first
         a = cfg.algo
         level, rule = a.bc_action
+        labels = None
+        if a.bc_teacher == "workload_best":  # one label per (workload, SLO): capacity searches, once
+            table = imitation.workload_best(venv, level, a.bc_policies, a.bc_capacity_seeds, a.bc_margin)
+            rows = [{"workload": w, "slo": slo, **row} for (w, slo), row in table.items()]
+            atomic_write_text(run_dir / "teacher_labels.json", json.dumps(rows, indent=2) + "\n")
+            labels = {key: row["action"] for key, row in table.items()}
         teach = functools.partial(  # one teacher rollout; with student=, DAgger's
             imitation.collect,
             venv,
@@ -99,6 +105,7 @@ def main(dcfg: DictConfig) -> None:
             margin=a.bc_margin,
             period_s=a.bc_period_s,
             horizon_s=a.bc_horizon_s,
+            labels=labels,
         )
         data = teach()
         masked = training.is_masked(cfg)

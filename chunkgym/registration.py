@@ -14,12 +14,13 @@ ENV_ID_V0 = "chunkgym/ChunkedPrefill-v0"
 ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
 ENV_ID_V2 = "chunkgym/ChunkedPrefill-v2"
 ENV_ID_V3 = "chunkgym/ChunkedPrefill-v3"
-ENV_ID = ENV_ID_V3
+ENV_ID_V4 = "chunkgym/ChunkedPrefill-v4"
+ENV_ID = ENV_ID_V4
 """The newest version: the default of train.py, the leaderboard and the benchmarks."""
 
 _ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
 
-for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3)):
+for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3, ENV_ID_V4)):
     if _id not in gymnasium.registry:
         gymnasium.register(
             id=_id,

@@ -40,8 +40,8 @@ same plan, so ignoring masks is safe.
 ## Observation Space
 
 ``Box(-1, 1, (n_features,), float32)``: the features of :mod:`envs.features`
-(``FEATURES_V0``: 16, ``FEATURES_V1``: 26, ``FEATURES_V3``: 30 with the SLO's bounds; each
-documented there).
+(``FEATURES_V0``: 16, ``FEATURES_V1``: 26, ``FEATURES_V3``: 30 with the SLO's bounds,
+``FEATURES_V4``: 33 with the recent traffic's prompt and output lengths; each documented there).
 
 ## Rewards
 
@@ -88,6 +88,9 @@ batch timeline of the last iterations (:mod:`envs.render`).
 
 ## Version History
 
+* v4: v3 with the lengths of recent traffic as three more features (``FEATURES_V4``: the
+  mean and spread of recent arrivals' log prompt lengths, the mean log output length of recently
+  finished requests), so one policy can tell workloads apart; actions, rewards and steps as v3.
 * v3: v2 with the latency-target action space (modes: budget levels and latency targets;
   allocations: rule x admission, see above), latency targets valid whenever a prompt waits;
   the 30 features of ``FEATURES_V3`` (v1's plus the SLO bounds); rewards and steps as v2.
@@ -121,9 +124,11 @@ from envs.features import (
     FEATURE_NAMES_V0,
     FEATURE_NAMES_V1,
     FEATURE_NAMES_V3,
+    FEATURE_NAMES_V4,
     features_v0,
     features_v1,
     features_v3,
+    features_v4,
 )
 from envs.lookahead import Lookahead, scan_lookahead
 from envs.render import ansi_line, timeline_image
@@ -165,7 +170,7 @@ class EnvVersion:
     number: int
     features: Features
     feature_names: tuple[str, ...]
-    actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3)
+    actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3, v4)
     score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument
@@ -183,6 +188,7 @@ VERSIONS: dict[int, EnvVersion] = {
     1: EnvVersion(1, features_v1, FEATURE_NAMES_V1, ACTIONS_V1, score_at_first_token, True, TRAIN_WORKLOADS),
     2: EnvVersion(2, features_v1, FEATURE_NAMES_V1, ACTIONS_V2, score_at_first_token, True, TRAIN_WORKLOADS),
     3: EnvVersion(3, features_v3, FEATURE_NAMES_V3, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
+    4: EnvVersion(4, features_v4, FEATURE_NAMES_V4, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
 }
 LATEST_VERSION = max(VERSIONS)
 FORCED = StepDecodes()  # the policy of forced iterations (stateless)

@@ -87,7 +87,7 @@ def _values_v0(view: ServingView, look: Lookahead) -> tuple[float, ...]:
         _unit(math.log1p(view.decode_context / n_dec) / _L17) if n_dec else 0.0,
         _unit(view.last_latency / slo.tpot_s / 4),
         _unit(view.latency_ewma / slo.tpot_s / 4),
-        _unit(view.arrival_rate() * view.prefill_s_per_token * 1024 / 4),
+        _unit(view.traffic.rate(now) * view.prefill_s_per_token * 1024 / 4),
     )
 
 
@@ -142,7 +142,7 @@ def _values_v1(view: ServingView, look: Lookahead) -> tuple[float, ...]:
         _unit(math.log1p(alive) / _L1024),
         _unit(math.log1p(alive_pending) / _L20),
         _unit(math.log1p(alive_shortest) / _L17),
-        view.prefix_hit_ewma,
+        view.traffic.prefix_hit_ewma,
         _unit(demand / max(free, 1) / 2),
         _unit(latency / slo.tpot_s / 8),
         _unit(math.log1p(n_dec) / _L256),
@@ -178,3 +178,25 @@ def _values_v3(view: ServingView) -> tuple[float, ...]:
         _unit(math.log1p(slo.ttft_base_s) / _L30),
         _unit(decode / slo.tpot_s),
     )
+
+
+FEATURES_V4: tuple[tuple[str, str], ...] = FEATURES_V3 + (
+    ("prompt_log_mean", "mean log1p(prompt tokens) of recent arrivals (~50) / log1p(2^17)"),
+    ("prompt_log_spread", "standard deviation of log1p(prompt tokens) of recent arrivals / 3, clipped to 1"),
+    ("output_log_mean", "mean log1p(tokens generated) of recently finished requests (~50) / log1p(2^14)"),
+)
+FEATURE_NAMES_V4 = tuple(name for name, _ in FEATURES_V4)
+_L14 = math.log1p(2**14)
+
+
+def features_v4(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
+    """The v3 features plus the lengths of recent traffic, which tell workloads apart (``FEATURES_V4``)."""
+    look = scan_lookahead(view) if look is None else look
+    traffic = view.traffic
+    values = _values_v0(view, look) + _values_v1(view, look) + _values_v3(view)
+    values += (
+        _unit(traffic.prompt_log_mean / _L17),
+        _unit(traffic.prompt_log_std / 3),
+        _unit(traffic.output_log_mean / _L14),
+    )
+    return np.fromiter(values, np.float32, len(FEATURES_V4))

@@ -30,7 +30,7 @@ from envs.serving.workload import WorkloadSpec
 from policies.constant import is_action_name
 from policies.registry import is_policy_name, policy_names
 
-TEACHERS = ("constant", "window_best", "period_best")
+TEACHERS = ("constant", "window_best", "period_best", "workload_best")
 """Behaviour-cloning teachers of ``algo.bc_teacher`` (policies/imitation.py)."""
 
 SCHEMA_NAME = "train_schema"
@@ -67,7 +67,7 @@ class Activation(Choice):
 class EnvConfig:
     """Training episodes (see the env's docstring for each field); fields of v1 and newer say "v1+"."""
 
-    id: str = "chunkgym/ChunkedPrefill-v3"  # the newest; or -v2 (budget-level actions), -v1 (skip-ahead admission), -v0 (iteration steps, 16 features)
+    id: str = "chunkgym/ChunkedPrefill-v4"  # the newest; or -v3 (no traffic features), -v2 (budget-level actions), -v1 (skip-ahead admission), -v0 (iteration steps, 16 features)
     workloads: list[str] = field(default_factory=list)  # v1+: more workloads to draw episodes from
     common_inputs: bool = False  # v1+: all envs replay the same (workload, window, load) per episode
     tp: int = 1
@@ -115,6 +115,8 @@ class AlgoConfig:
     # "period_best" (v3) the same candidates, chosen again every bc_period_s seconds of the episode from the
     # state reached, by the hindsight oracle's rollout (each candidate for a period, then the first of them
     # until bc_horizon_s: policies/oracle.py), so labels follow the state within a window.
+    # "workload_best" (v3 and later) one label per (workload, SLO) trained on: the candidate with the highest
+    # mean attain90 capacity on the train split's windows bc_capacity_seeds (policies/imitation.py).
     bc_teacher: str = "constant"
     bc_action: list[int] = field(default_factory=lambda: [5, 1])
     bc_policies: list[str] = field(default_factory=list)
@@ -125,8 +127,10 @@ class AlgoConfig:
     bc_dagger_rounds: int = 0
     # window_best keeps its first candidate (v3: the first of bc_policies) unless another one's SLO attainment
     # on the window is higher by more than bc_margin (0: the best, ties to the first); period_best unless
-    # another one's rollout score is higher by more than bc_margin x the requests the first one's rollout decides
+    # another one's rollout score is higher by more than bc_margin x the requests the first one's rollout decides;
+    # workload_best unless another one's capacity is higher by more than bc_margin x the first one's
     bc_margin: float = 0.0
+    bc_capacity_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # workload_best: train windows
     bc_period_s: float = 10.0  # period_best: seconds a choice holds
     bc_horizon_s: float = 30.0  # period_best: seconds each candidate's rollout is scored over
 
@@ -223,7 +227,8 @@ RULES: dict[str, Rule] = {
     "algo.bc_teacher": Rule(lambda v: v in TEACHERS, f"one of {', '.join(TEACHERS)}"),
     "algo.bc_period_s": Rule(lambda v: v > 0, "a number of seconds > 0"),
     "algo.bc_horizon_s": Rule(lambda v: v > 0, "a number of seconds > 0 (>= algo.bc_period_s)"),
-    "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment margin"),
+    "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment or capacity margin"),
+    "algo.bc_capacity_seeds": NON_EMPTY,
     "eval.seeds": NON_EMPTY,
     "eval.baseline": Rule(
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"

@@ -6,7 +6,8 @@ prompts in the same order with more or fewer tokens (a budget difference), or ot
 another order (an allocation difference).  For a v2 policy, two hybrids price the differences:
 the policy's budget with ``adaptive_srpf``'s rule (shortest remaining first), and
 ``adaptive_srpf``'s budget with the policy's rule; their attain90 capacities beside the policy's
-and the heuristic's say which decision loses the capacity.
+and the heuristic's say which decision loses the capacity.  For a v3 or v4 policy it also counts the
+modes (budget levels, latency targets) the policy takes.
 
     PYTHONPATH=. python -m policies.divergence [policy=learned] [workload=mooncake_conv] \
         [load_scale=3.0] ["seeds=[0,1,2]"] [capacity=true]
@@ -28,7 +29,7 @@ import numpy as np
 from baselines.adaptive import adaptive_level
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
-from envs.actions import BUDGET_LEVELS, ActionSpec
+from envs.actions import BUDGET_LEVELS, ActionSpec, TargetActionSpec
 from envs.serving.capacity import measure_capacity
 from envs.serving.scheduling import Admission, Plan, Policy, Rule, ServingView, plan_budget
 from envs.serving.setup import ServingSetup
@@ -64,6 +65,7 @@ class Compared(Policy):
         self.hybrid = hybrid
         self.name = f"{policy.name} ({hybrid})"
         self.counts: Counter[str] = Counter()
+        self.modes: Counter[str] = Counter()  # a v3/v4 policy's modes (budget levels, latency targets) taken
         self.admission = getattr(getattr(policy, "actions", None), "admission", Admission.SKIP)
 
     def reset(self, view: ServingView) -> None:
@@ -76,7 +78,13 @@ class Compared(Policy):
         if self.hybrid == HYBRIDS[3]:
             return srpf
         if self.hybrid == HYBRIDS[0]:
-            plan = self.policy.plan(view)
+            policy = self.policy
+            if isinstance(policy, ExportedPolicy) and isinstance(policy.actions, TargetActionSpec):
+                (mode, allocation), valid = policy.decide(view)
+                self.modes[policy.actions.mode_names[mode]] += 1
+                plan = policy.actions.plan(view, mode, allocation, valid)
+            else:
+                plan = policy.plan(view)
             self.counts[kind_of(plan, srpf)] += 1
             return plan
         policy = self.policy
@@ -112,17 +120,22 @@ def main(opts: Options) -> None:
     setup = ServingSetup.from_names()
     workload = load_workload(opts.workload)
     counts: Counter[str] = Counter()
+    modes: Counter[str] = Counter()
     attainment = []
     for seed in opts.seeds:
         compared = _compared(opts.policy, HYBRIDS[0])
         trace = workload.window("test", seed, opts.load_scale)
         attainment.append(setup.simulator(trace).run(compared).metrics["slo_attainment"])
         counts += compared.counts
+        modes += compared.modes
     total = sum(counts.values())
     shares = {k: round(counts[k] / total, 4) for k in KINDS}
     print(f"{opts.policy} on {opts.workload} test x{opts.load_scale}, seeds {opts.seeds}: {total} decisions")
     for k in KINDS:
         print(f"  {k:>16}: {100 * shares[k]:5.1f}%")
+    taken = {m: round(n / total, 4) for m, n in modes.most_common()}  # v3/v4 policies: the modes taken
+    for m, share in taken.items():
+        print(f"  mode {m:>18}: {100 * share:5.1f}%")
     out: dict[str, Any] = {
         "policy": opts.policy,
         "workload": opts.workload,
@@ -130,6 +143,7 @@ def main(opts: Options) -> None:
         "seeds": opts.seeds,
         "decisions": total,
         "shares": shares,
+        "modes": taken,
         "slo_attainment": round(float(np.mean(attainment)), 4),
     }
     policy = make_policy(opts.policy)

@@ -150,9 +150,13 @@ class ExportedPolicy(Policy):
             ).numpy()
         return actions
 
-    def plan(self, view: ServingView) -> Plan:
+    def decide(self, view: ServingView) -> tuple[tuple[int, int], Any]:
+        """The action taken in ``view``'s state, and that state's valid actions (for the planner)."""
         obs, valid, mask = self.version.observe(view)  # as the env observes the state
-        level, rule = self.act_one(obs, mask if self.masked else None)
+        return self.act_one(obs, mask if self.masked else None), valid
+
+    def plan(self, view: ServingView) -> Plan:
+        (level, rule), valid = self.decide(view)
         return self.actions.plan(view, level, rule, valid)
 
 

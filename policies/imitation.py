@@ -22,6 +22,13 @@ Two teachers:
   (:func:`policies.oracle.best_for_period`: each candidate for one period, then the first
   one until ``horizon_s``), so labels follow the state within a window, where window_best's
   are one per window.  Costlier: every period simulates each candidate over the horizon.
+* ``workload_best`` (v3 and later): one label per (workload, SLO) the envs train on, the candidate
+  with the highest attain90 capacity on the workload's train split (:func:`workload_best`: mean over a
+  few windows' capacity searches), the first unless another's is higher by more than ``margin`` of the
+  first's.  Capacity is the leaderboard's measure, so the label is chosen by what the policy is judged
+  on; and one label per workload is a function the network can learn from the traffic features of
+  ``ChunkedPrefill-v4`` (recent prompt and output lengths), where window_best's labels, one per
+  120-s window at a random load, flip between near-tied candidates from window to window.
 
 For each state the label is the *valid* action with the teacher's plan (for a constant
 action: budget clamped to the covering level, rule to FCFS where rules are masked, read
@@ -44,7 +51,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -56,9 +63,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from baselines import Adaptive, Sarathi
 from chunkgym.progress import Progress
 from envs.actions import BUDGET_LEVELS, NUM_LEVELS, TargetActionSpec
+from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.scheduling import Policy
+from leaderboard.parallel import default_jobs
 from policies.config import TEACHERS
-from policies.constant import ConstantAction, action_named, constant_action, is_action_name
+from policies.constant import Action, ConstantAction, action_named, constant_action, is_action_name
 from policies.oracle import best_for_period
 from policies.registry import check_policy_name, make_policy
 
@@ -143,6 +152,7 @@ def collect(
     margin: float = 0.0,
     period_s: float = 10.0,
     horizon_s: float = 30.0,
+    labels: Mapping[tuple[str, str], Teacher] | None = None,
 ) -> dict[str, np.ndarray]:
     """Roll the teacher out for ``steps`` env steps; normalised observations, masks, labels, returns.
 
@@ -153,7 +163,8 @@ def collect(
     :func:`best_teacher` (the first candidate is the first named policy in v3, else budget ``level``).
     ``period_best`` (v3 only): window_best's candidates, re-chosen every ``period_s`` seconds by
     :func:`policies.oracle.best_for_period` with ``horizon_s`` and ``margin`` (there: a fraction of the
-    requests the first candidate's rollout decides).
+    requests the first candidate's rollout decides).  ``workload_best``: ``labels`` (from
+    :func:`workload_best`) give each episode's teacher by its workload and SLO.
     """
     if teacher not in TEACHERS:
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: {', '.join(TEACHERS)}")
@@ -170,8 +181,10 @@ def collect(
     if teacher != "constant" and not dummy:
         raise ValueError(f"the {teacher} teacher reads each env's window: use algo.vec_env=dummy")
     v3 = isinstance(venv.get_attr("actions")[0], TargetActionSpec)
-    if teacher == "period_best" and not v3:
-        raise ValueError("the period_best teacher's candidates are v3 constant actions: use a v3 env")
+    if teacher in ("period_best", "workload_best") and not v3:
+        raise ValueError(f"the {teacher} teacher's candidates are v3 constant actions: use a v3 or later env")
+    if teacher == "workload_best" and labels is None:
+        raise ValueError("the workload_best teacher needs its labels: call workload_best() first")
     if teacher == "period_best" and not 0 < period_s <= horizon_s:
         raise ValueError(f"period_best needs 0 < period_s <= horizon_s, got {period_s} and {horizon_s}")
     if not v3 and any(is_action_name(name) for name in policies):
@@ -185,16 +198,13 @@ def collect(
         [e.unwrapped for e in venv.venv.envs] if isinstance(venv.venv, DummyVecEnv) else [None] * n
     )
     if teacher != "constant":
-        n_rules = len(envs[0].actions.rules)
-        candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
-        if v3:  # the heuristics as constant actions, first: ties keep them
-            named = [_named_action(envs[0].actions, name) for name in policies]
-            candidates = list(dict.fromkeys([*named, *candidates]))
-        else:
-            candidates += list(policies)
+        candidates = _candidates(envs[0], level, policies)
 
     def choose(env) -> _Acting:
         """The teacher of ``env``'s state: at an episode's start, and (period_best) each period."""
+        if teacher == "workload_best":
+            assert labels is not None
+            return _Acting(env, labels[env.workload.spec.name, env.setup.slo.name])
         if teacher == "window_best":
             return _Acting(env, best_teacher(env, candidates, margin))
         if teacher == "period_best":
@@ -232,6 +242,72 @@ def collect(
     flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in data.items() if k not in ("rewards", "dones")}
     flat["returns"] = returns.reshape(-1)
     return flat
+
+
+def _candidates(env, level: int, policies: Sequence[str]) -> list[Teacher]:
+    """window_best's candidates in ``env``: the budget levels >= ``level`` x every rule and the named
+    ``policies``; in v3 and later all constant actions, the named ones first (ties keep them)."""
+    n_rules = len(env.actions.rules)
+    candidates: list[Teacher] = [(lv, r) for lv in range(level, NUM_LEVELS) for r in range(n_rules)]
+    if isinstance(env.actions, TargetActionSpec):
+        named = [_named_action(env.actions, name) for name in policies]
+        return list(dict.fromkeys([*named, *candidates]))
+    return candidates + list(policies)
+
+
+def workload_best(
+    venv: VecNormalize, level: int, policies: Sequence[str], seeds: Sequence[int], margin: float
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The ``workload_best`` teacher's labels: for each (workload name, SLO name) the envs of ``venv``
+    train on, the candidate (as :func:`collect`'s, v3 and later) with the highest mean attain90 capacity
+    over the train split's windows ``seeds`` (the envs' window length); the first candidate unless
+    another's is higher by more than ``margin`` x the first's.  Values: ``action`` (the label),
+    ``name`` and every candidate's ``capacity``, for the run's record."""
+    if not isinstance(venv.venv, DummyVecEnv):
+        raise ValueError("the workload_best teacher reads each env's workloads: use algo.vec_env=dummy")
+    envs: list[Any] = [e.unwrapped for e in venv.venv.envs]  # the ChunkedPrefillEnvs
+    if not isinstance(envs[0].actions, TargetActionSpec):
+        raise ValueError(
+            "the workload_best teacher's candidates are v3 constant actions: use a v3 or later env"
+        )
+    candidates = cast(list[Action], _candidates(envs[0], level, policies))
+    pairs = {(w.spec.name, e.setup.slo.name): (w, e) for e in envs for w in e.workloads}
+    queries = [
+        CapacityQuery(
+            env.setup,
+            w,
+            functools.partial(ConstantAction, env.actions, c),
+            "attain90",
+            "train",
+            seed,
+            window_s=env.window_s,
+        )
+        for w, env in pairs.values()
+        for c in candidates
+        for seed in seeds
+    ]
+    log.info("workload_best: %d capacity searches (%d workload x SLO pairs)", len(queries), len(pairs))
+    found = iter(measure_capacities(queries, early_stop=True, parallel=default_jobs()))
+    labels: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, (_, env) in pairs.items():
+        names = [ConstantAction(env.actions, c).name for c in candidates]
+        capacity = [sum(next(found).scale for _ in seeds) / len(seeds) for _ in candidates]
+        best = int(np.argmax(capacity))  # ties: the first listed
+        pick = best if capacity[best] > capacity[0] * (1 + margin) else 0
+        labels[key] = {
+            "action": candidates[pick],
+            "name": names[pick],
+            "capacity": dict(zip(names, capacity, strict=True)),
+        }
+        log.info(
+            "workload_best: %s at %s -> %s (%.3f; %s: %.3f)",
+            *key,
+            names[pick],
+            capacity[pick],
+            names[0],
+            capacity[0],
+        )
+    return labels
 
 
 def _named_action(actions: TargetActionSpec, name: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from torch import nn
 from chunkgym.io import atomic_write_text
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
-from envs.features import FEATURES_V3
+from envs.features import FEATURES_V4
 from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
@@ -452,7 +452,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
     """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
     slo = setup.slo
     contract = env_contract(cfg.env.id)
-    described = dict(FEATURES_V3)  # v3's features extend v1's, which extend v0's
+    described = dict(FEATURES_V4)  # each version's features extend the one before
     return {
         "env_id": cfg.env.id,
         "env_version": contract["env_version"],

@@ -50,17 +50,17 @@ def test_registered_and_passes_both_checkers():
 
 
 def test_one_class_for_every_version_and_the_newest_is_the_default():
-    ids = (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3)
+    ids = (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3, envs.ENV_ID_V4)
     specs = [gym.spec(env_id) for env_id in ids]
     assert {s.entry_point for s in specs} == {"envs.chunked_prefill:ChunkedPrefillEnv"}
-    assert [s.kwargs["version"] for s in specs] == [0, 1, 2, 3]
-    assert envs.ENV_ID == envs.ENV_ID_V3 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
+    assert [s.kwargs["version"] for s in specs] == [0, 1, 2, 3, 4]
+    assert envs.ENV_ID == envs.ENV_ID_V4 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
     assert EnvConfig().id == envs.ENV_ID  # what train.py trains on
     assert (
         ChunkedPrefillEnv(cost_model="roofline", workload="synthetic_azure_conv").version.number
         == LATEST_VERSION
     )
-    assert [version_of(i) for i in ids] == [VERSIONS[v] for v in range(4)]
+    assert [version_of(i) for i in ids] == [VERSIONS[v] for v in range(5)]
     with pytest.raises(
         ValueError, match=r"'chunkgym/ChunkedPrefill-v9' is not registered; chunkgym envs: \["
     ):

@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*ChunkedPrefill-v[012] is out of date"),
 ]
 ROOT = Path(__file__).resolve().parent.parent
-IDS = [envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3]
+IDS = [envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3, envs.ENV_ID_V4]
 # max_steps truncates v0's long episodes, so every test sees episodes end
 KW = dict(
     workloads=["synthetic_azure_conv"], cost_model="roofline", window_s=2.0, load_scale=2.0, max_steps=24

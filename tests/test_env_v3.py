@@ -15,7 +15,7 @@ from sb3_contrib import MaskablePPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from baselines.adaptive import adaptive_level
-from chunkgym.registration import ENV_ID_V2, ENV_ID_V3
+from chunkgym.registration import ENV_ID_V2, ENV_ID_V3, ENV_ID_V4
 from envs.actions import ACTIONS_V3, BUDGET_LEVELS, NUM_LEVELS
 from envs.chunked_prefill import VERSIONS, version_of
 from envs.features import FEATURE_NAMES_V1, FEATURE_NAMES_V3, features_v3
@@ -223,11 +223,14 @@ def test_v3_teachers_need_in_process_envs():
         v.close()
 
 
-def test_the_shipped_learned_is_a_v3_policy_by_name(window):
+def test_the_shipped_learned_is_a_v4_policy_by_name(window):
     policy = make_policy("learned")
-    assert policy.spec["env_id"] == ENV_ID_V3 and policy.name == "learned"
+    assert policy.spec["env_id"] == ENV_ID_V4 and policy.name == "learned"
     setup, trace = window
     assert setup.simulator(trace).run(policy).metrics["requests"] == len(trace)
+    assert policy.plan(
+        vllm_state()
+    ).decode  # v4's traffic features come from the vLLM view's TrafficStats too
 
 
 def test_window_best_keeps_the_incumbent_unless_another_wins_by_the_margin():
@@ -283,7 +286,7 @@ def test_period_best_chooses_again_each_period_and_labels_with_its_candidates(ve
     for sim_id in {s for s, _, _ in chosen}:
         times = [t for s, t, _ in chosen if s == sim_id]
         assert all(b - a >= 2.0 or b < a for a, b in itertools.pairwise(times)), times  # b < a: a new window
-    with pytest.raises(ValueError, match="use a v3 env"):
+    with pytest.raises(ValueError, match="use a v3 or later env"):
         v2 = VecNormalize(DummyVecEnv([lambda: make_env(ENV_ID_V2, ENV_KW)]), norm_reward=False)
         collect(v2, "period_best", NUM_LEVELS, 0, 10, 0.99, policies=names)
     with pytest.raises(ValueError, match="period_s <= horizon_s"):

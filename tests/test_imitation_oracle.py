@@ -14,12 +14,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import envs
 from baselines import Adaptive, Sarathi
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.actions import ACTIONS_V3, BUDGET_LEVELS, NUM_LEVELS
+from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.early import Attain90Stop
 from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
-from policies.imitation import best_teacher, clone, collect, teacher_labels, teacher_policy
+from policies.constant import ConstantAction, action_named
+from policies.imitation import best_teacher, clone, collect, teacher_labels, teacher_policy, workload_best
 from policies.oracle import best_for_period, oracle_run
 from policies.registry import make_policy
 from policies.training import make_env
@@ -129,6 +131,53 @@ def test_teachers_plan_with_the_admission_of_the_envs_version(env_id):
         with pytest.raises(ValueError, match="no action"):
             while not env.step(np.array(env.actions.action_for(env.sim.view, skip.plan(env.sim.view))))[3]:
                 pass
+
+
+SRPF, BIG = "adaptive_srpf", "target_2_slack__shortest_first+skip"
+
+
+def _v4_venv(slos=("strict", "relaxed")):
+    fns = [functools.partial(make_env, envs.ENV_ID_V4, {**ENV_KW, "slo": slo}) for slo in slos]
+    v = VecNormalize(DummyVecEnv(fns), norm_reward=False)
+    v.seed(5)
+    return v
+
+
+def test_workload_best_labels_each_workload_and_slo_with_its_highest_capacity_candidate():
+    venv = _v4_venv()
+    table = workload_best(venv, NUM_LEVELS, [SRPF, BIG], seeds=[0], margin=0.0)
+    assert set(table) == {("synthetic_azure_conv", "strict"), ("synthetic_azure_conv", "relaxed")}
+    env = venv.venv.envs[0].unwrapped
+    for row in table.values():
+        assert set(row["capacity"]) == {"target_1__shortest_first+skip", BIG}  # adaptive_srpf as an action
+        assert row["capacity"][row["name"]] == max(row["capacity"].values())
+        assert row["action"] == action_named(env.actions, row["name"])
+    strict = next(e.unwrapped for e in venv.venv.envs if e.unwrapped.setup.slo.name == "strict")
+    query = CapacityQuery(
+        strict.setup,
+        strict.workloads[0],
+        functools.partial(ConstantAction, strict.actions, action_named(strict.actions, BIG)),
+        "attain90",
+        "train",
+        0,
+        window_s=strict.window_s,
+    )
+    [direct] = measure_capacities([query])
+    assert table["synthetic_azure_conv", "strict"]["capacity"][BIG] == direct.scale
+    kept = workload_best(venv, NUM_LEVELS, [SRPF, BIG], seeds=[0], margin=0.99)  # nothing beats it by 99%
+    assert {row["name"] for row in kept.values()} == {"target_1__shortest_first+skip"}
+
+
+def test_workload_best_labels_are_the_one_candidate_window_best_would_give():
+    """With the label fixed per workload, a rollout is labelled as window_best with that one candidate."""
+    labels = {("synthetic_azure_conv", slo): action_named(ACTIONS_V3, BIG) for slo in ("strict",)}
+    by_workload = collect(_v4_venv(["strict"]), "workload_best", NUM_LEVELS, 0, 300, 0.99, labels=labels)
+    by_window = collect(_v4_venv(["strict"]), "window_best", NUM_LEVELS, 0, 300, 0.99, policies=[BIG])
+    for key in ("obs", "masks", "actions", "returns"):
+        np.testing.assert_array_equal(by_workload[key], by_window[key])
+    assert len({tuple(a) for a in by_workload["actions"]}) > 1, "the target's budget follows the state"
+    with pytest.raises(ValueError, match="needs its labels"):
+        collect(_v4_venv(["strict"]), "workload_best", NUM_LEVELS, 0, 10, 0.99)
 
 
 def test_collect_rejects_an_unknown_teacher(venv):

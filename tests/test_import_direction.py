@@ -91,7 +91,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_interface_imports_no_implementation():
     graph = import_graph()
-    assert graph[INTERFACE] <= {"envs.serving.request", "envs.serving.metrics"}, graph[INTERFACE]
+    assert graph[INTERFACE] <= {"envs.serving.request", "envs.serving.metrics", "envs.serving.traffic"}, (
+        graph[INTERFACE]
+    )
 
 
 POLICY_SIDE = ("envs.features", "envs.actions", "policies.exported", "baselines")

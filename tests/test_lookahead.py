@@ -6,7 +6,7 @@ import pytest
 
 from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3
 from envs.chunked_prefill import ChunkedPrefillEnv
-from envs.features import features_v0, features_v1, features_v3
+from envs.features import features_v0, features_v1, features_v3, features_v4
 from envs.lookahead import Lookahead, scan_lookahead
 from envs.serving.scheduling import blocks_needed
 
@@ -59,7 +59,7 @@ def test_the_scan_sums_the_lookahead_and_gives_what_features_and_masks_compute_a
         assert look == _expected(view)
         for spec in (ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3):
             assert spec.valid(view, look) == spec.valid(view)
-        for features in (features_v0, features_v1, features_v3):
+        for features in (features_v0, features_v1, features_v3, features_v4):
             assert features(view, look).tobytes() == features(view).tobytes()
         seen["queued" if view.queue else "empty"] += 1
         seen["truncated_lookahead"] += len(view.queue) > len(view.lookahead)

@@ -12,7 +12,7 @@ import pytest
 
 from baselines import Adaptive, FixedChunk, PrefillFirst, Sarathi
 from envs.actions import ACTIONS_V1
-from envs.features import features_v0, features_v1
+from envs.features import features_v0, features_v1, features_v4
 from envs.serving import Plan, Policy, Rule, ServingView, plan_budget
 from envs.serving.core import ServingCore
 from envs.serving.scheduling import plan_latency
@@ -64,6 +64,7 @@ class Checking(Policy):
         only = ProtocolOnly(view)
         np.testing.assert_array_equal(features_v0(view), features_v0(only))
         np.testing.assert_array_equal(features_v1(view), features_v1(only))
+        np.testing.assert_array_equal(features_v4(view), features_v4(only))
         np.testing.assert_array_equal(ACTIONS_V1.mask(view), ACTIONS_V1.mask(only))
         for rule in Rule:
             for budget in (64, 1024):

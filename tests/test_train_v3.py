@@ -49,10 +49,12 @@ def test_bad_v3_training_values_are_named_in_one_line(override, line):
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
 
 
-def test_the_learned_recipe_composes_to_v3_with_dagger():
+def test_the_learned_recipe_composes_to_v4_with_workload_labels_and_dagger():
     cfg = to_train_config(compose_train(["+experiment=learned"]))
-    assert cfg.env.id == "chunkgym/ChunkedPrefill-v3" and cfg.algo.bc_dagger_rounds >= 1
-    assert cfg.algo.bc_policies[0] == "adaptive_srpf"
+    assert cfg.env.id == "chunkgym/ChunkedPrefill-v4" and cfg.algo.bc_dagger_rounds >= 1
+    assert cfg.algo.bc_teacher == "workload_best" and cfg.algo.bc_policies[0] == "adaptive_srpf"
+    held_out = {"azure_conv", "sharegpt_poisson", "mooncake_synth"}
+    assert not held_out & {cfg.workload.name, *cfg.env.workloads, *cfg.eval.workloads}
 
 
 @pytest.mark.slow
@@ -83,3 +85,28 @@ def test_total_timesteps_0_exports_the_imitated_policy_without_rl(tmp_path):
     assert summary["timesteps"] == 0 and summary["best_val_timesteps"] == 0
     assert (run_dir / "export" / "policy.json").is_file()
     assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_000000000000"]
+
+
+def test_a_tiny_v4_run_labels_each_workload_by_capacity_and_exports_a_v4_policy(tmp_path):
+    run_dir = tmp_path / "v4"
+    bc = [
+        "env.id=chunkgym/ChunkedPrefill-v4",
+        "algo.bc_teacher=workload_best",
+        "algo.bc_action=[9,0]",
+        "algo.bc_policies=[adaptive_srpf,target_2_slack__shortest_first+skip]",
+        "algo.bc_capacity_seeds=[0]",
+        "algo.bc_steps=256",
+        "algo.bc_epochs=2",
+        "algo.total_timesteps=0",
+    ]
+    proc = train(*TINY, *bc, "algo.bc_dagger_rounds=1", "env.slos=[relaxed]", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((run_dir / "teacher_labels.json").read_text())
+    assert {(r["workload"], r["slo"]) for r in rows} == {
+        ("synthetic_azure_conv", s) for s in ("strict", "relaxed")
+    }
+    for row in rows:  # margin 0: the label is the candidate with the highest capacity
+        assert row["capacity"][row["name"]] == max(row["capacity"].values())
+    assert "DAgger round 1:" in (run_dir / "train.log").read_text()
+    spec = json.loads((run_dir / "export" / "policy.json").read_text())
+    assert spec["env_id"] == "chunkgym/ChunkedPrefill-v4" and len(spec["feature_names"]) == 33

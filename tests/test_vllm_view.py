@@ -96,7 +96,7 @@ def test_token_times_are_checked_against_the_slo():
     view = _view()
     e = Engine("r", 100.0, 50)
     view.add(e, 25)
-    assert view.prefix_hit_ewma > 0 and view.arrival_rate() > 0
+    assert view.traffic.prefix_hit_ewma > 0 and view.traffic.rate(view.now) > 0
     view.refresh(100.1, [e], [], 100, 7, lambda _: 0)
     assert view.min_tpot_slack() == math.inf
     tpot, stall = view.slo.tpot_s, view.slo.stall_s
@@ -118,7 +118,7 @@ def test_the_arrival_rate_does_not_depend_on_the_order_requests_reach_the_engine
         for i, t in enumerate(order):
             view.add(Engine(f"r{i}", t, 10), 0)
         view.now = 4.0
-        rates.append(view.arrival_rate())
+        rates.append(view.traffic.rate(view.now))
     assert rates[0] == pytest.approx(rates[1]) and 0 < rates[0] < 3 / 10
 
 
@@ -133,3 +133,4 @@ def test_a_prompt_past_its_ttft_bound_is_known_to_miss_and_finished_requests_lea
     assert view.queue[0].violated
     view.refresh(bound * 1.2, [], [], 100, 8, lambda _: 0)
     assert view.requests == {} and view.queue == []
+    assert view.traffic.finishes == 1 and view.traffic.output_log_mean == 0.0  # it left with no token

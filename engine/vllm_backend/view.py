@@ -18,10 +18,11 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from envs.serving.core import LATENCY_EWMA_ALPHA, PREFIX_EWMA_ALPHA, RATE_TAU_S
+from envs.serving.core import LATENCY_EWMA_ALPHA
 from envs.serving.cost_model import CostModel
 from envs.serving.metrics import SLO
 from envs.serving.request import Request, Status
+from envs.serving.traffic import TrafficStats
 
 
 class EngineRequest(Protocol):
@@ -84,12 +85,11 @@ class VllmView:
         self.num_decode = self.num_decode_doomed = self.decode_context = self.num_prefilling = 0
         self.free_blocks = self.free_slots = 0
         self.last_decode_time = -math.inf
-        self.last_latency = self.latency_ewma = self.prefix_hit_ewma = 0.0
+        self.last_latency = self.latency_ewma = 0.0
         self.requests: dict[str, VllmRequest] = {}
         self._next_rid = 0
         self._preempt_seq = 0
-        self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
-        self._rate_t = 0.0
+        self.traffic = TrafficStats()  # arrival rate, prefix hits, prompt and output lengths seen so far
 
     # ---- bookkeeping, called by the scheduler --------------------------------------------
     def add(self, engine: EngineRequest, cached_tokens: int) -> None:
@@ -102,13 +102,8 @@ class VllmView:
         req.deadline = req.arrival + req.ttft_bound
         req.prefix_hit = cached_tokens
         self.requests[req.request_id] = req
-        t = req.arrival
-        if t >= self._rate_t:
-            self._rate = self._rate * math.exp((self._rate_t - t) / RATE_TAU_S) + 1.0 / RATE_TAU_S
-            self._rate_t = t
-        else:  # arrived before the latest one counted (vLLM adds requests as they reach the engine)
-            self._rate += math.exp((t - self._rate_t) / RATE_TAU_S) / RATE_TAU_S
-        self.prefix_hit_ewma += PREFIX_EWMA_ALPHA * (cached_tokens / req.prompt_len - self.prefix_hit_ewma)
+        self.traffic.arrive(req.arrival, req.prompt_len)
+        self.traffic.prefix_hit(cached_tokens / req.prompt_len)
 
     def refresh(
         self,
@@ -150,7 +145,10 @@ class VllmView:
                 self._preempt_seq += 1
                 req.seq = -self._preempt_seq
             queue.append(req)
-        self.requests = seen  # requests vLLM no longer holds (finished, aborted) are dropped
+        for request_id, req in self.requests.items():  # vLLM no longer holds them: finished or aborted
+            if request_id not in seen:
+                self.traffic.finish(req.generated)
+        self.requests = seen
         queue.sort(key=_seq)
         self.queue = queue
         self.lookahead = queue[: self.lookahead_len]
@@ -199,9 +197,6 @@ class VllmView:
             req.last_token_s = t
 
     # ---- the rest of the ServingView protocol ---------------------------------------------
-    def arrival_rate(self) -> float:
-        return self._rate * math.exp((self._rate_t - self.now) / RATE_TAU_S)
-
     def min_tpot_slack(self) -> float:
         """Least ``B * (tokens - 1) - (last - first token time)`` of streams still able to meet
         their SLO and past their first decode step; inf if none."""

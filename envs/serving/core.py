@@ -31,11 +31,10 @@ from envs.serving.metrics import SLO, meets_slo, stall_of, tpot_of
 from envs.serving.request import Request, Status
 from envs.serving.scheduling import Plan, blocks_needed, may_prefill
 from envs.serving.specs import HardwareSpec, ModelSpec, kv_capacity_tokens
+from envs.serving.traffic import TrafficStats
 from envs.serving.workloads.trace import Trace
 
-RATE_TAU_S = 10.0  # time constant of the arrival-rate estimate
 LATENCY_EWMA_ALPHA = 0.1
-PREFIX_EWMA_ALPHA = 0.05
 TIMES_BATCH = 64  # token-time arrays built at once above which the decode ends are copied to numpy
 
 
@@ -288,9 +287,7 @@ class ServingCore:
         self._latency_ewma = 0.0
         # Latencies not in the EWMA yet (deferred_ewma): one iteration's, or a stretch's (start, ends).
         self._unfolded: list[float | tuple[float, list[float]]] = []
-        self.prefix_hit_ewma = 0.0  # fraction of recent arrivals' prompts served from the prefix cache
-        self._rate = 0.0  # decayed arrival count / RATE_TAU_S at time _rate_t
-        self._rate_t = 0.0
+        self.traffic = TrafficStats()  # arrival rate, prefix hits, prompt and output lengths seen so far
         # Called after a request's KV blocks are released (finish or preemption), so an executor
         # that holds physical blocks (the real engine) frees them at the same point; None: no one.
         self.on_release: Callable[[Request], None] | None = None
@@ -420,10 +417,6 @@ class ServingCore:
             i += 1
         self.next_arrival = i
 
-    def arrival_rate(self) -> float:
-        """Arrivals per second, exponentially weighted over the last ~RATE_TAU_S seconds."""
-        return self._rate * math.exp((self._rate_t - self.now) / RATE_TAU_S)
-
     def next_deadline(self) -> float:
         """The earliest TTFT deadline of a request still waiting for its first token and not known to
         miss it (inf: none); the ones before it are dropped, as :meth:`_expire_deadlines` would."""
@@ -439,8 +432,7 @@ class ServingCore:
         return self.requests[i].arrival if i < len(self.requests) else math.inf
 
     def _admit(self, req: Request) -> None:
-        self._rate = self._rate * math.exp((self._rate_t - req.arrival) / RATE_TAU_S) + 1.0 / RATE_TAU_S
-        self._rate_t = req.arrival
+        self.traffic.arrive(req.arrival, req.prompt_len)
         total = req.prompt_len + req.output_len
         if total > self.max_model_len:
             return self._reject(
@@ -456,7 +448,7 @@ class ServingCore:
         heapq.heappush(self._deadlines, (req.deadline, req.rid, req))
         self._match_prefix(req)
         req.prefix_hit = req.computed
-        self.prefix_hit_ewma += PREFIX_EWMA_ALPHA * (req.computed / req.prompt_len - self.prefix_hit_ewma)
+        self.traffic.prefix_hit(req.computed / req.prompt_len)
         self.queue.append(req)
 
     def _reject(self, req: Request, reason: str) -> None:
@@ -738,6 +730,7 @@ class ServingCore:
 
     def finish(self, req: Request, kv_tokens: int) -> None:
         req.status = Status.FINISHED
+        self.traffic.finish(req.generated)
         self._release(req, kv_tokens)
         self.finished.append(req)
         if self._shortcuts.verdicts:

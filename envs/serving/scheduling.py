@@ -47,6 +47,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
 from envs.serving.request import Request
+from envs.serving.traffic import TrafficStats
 
 
 class Rule(IntEnum):
@@ -180,12 +181,8 @@ class ServingView(Protocol):
     def latency_ewma(self) -> float: ...
 
     @property
-    def prefix_hit_ewma(self) -> float:
-        """EWMA of the prompt fraction recent arrivals found in the prefix cache."""
-        ...
-
-    def arrival_rate(self) -> float:
-        """Arrivals per second, recently."""
+    def traffic(self) -> TrafficStats:
+        """What the server has seen of its workload: arrival rate, prefix hits, prompt and output lengths."""
         ...
 
     def min_tpot_slack(self) -> float:

@@ -178,12 +178,19 @@ def _synthetic(spec: WorkloadSpec, rate: float | None) -> TimedSource:
 
 
 def window_stats(trace: Trace) -> dict[str, float]:
-    """Requests, span, mean rate and length percentiles of one trace."""
+    """Requests, span, mean rate, burstiness and length statistics of one trace.
+
+    ``interarrival_cv``: standard deviation over mean of the gaps between arrivals (1 for Poisson
+    arrivals, above 1 for bursts); ``prompt_log_std``: the spread of log prompt lengths (what the
+    ``prompt_log_spread`` feature of ``ChunkedPrefill-v4`` estimates online)."""
     p, o = trace.prompt_len, trace.output_len
+    gaps = np.diff(trace.arrival_s)
     return {
         "requests": len(trace),
         "span_s": trace.span_s,
         "rate": len(trace) / trace.span_s,
+        "interarrival_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else 0.0,
+        "prompt_log_std": float(np.log1p(p).std()),
         "prompt_p50": float(np.percentile(p, 50)),
         "prompt_p99": float(np.percentile(p, 99)),
         "output_p50": float(np.percentile(o, 50)),
@@ -205,9 +212,12 @@ class StatsOptions:
 def main(opts: StatsOptions) -> None:
     if opts.split not in SPLITS:
         raise SystemExit(f"workload: error: split={opts.split!r}: must be one of {', '.join(SPLITS)}")
-    columns = "requests | span s | req/s | prompt p50 | prompt p99 | output p50 | output p99 | window() ms"
+    columns = (
+        "requests | span s | req/s | interarrival CV | prompt p50 | prompt p99 | log-prompt std | "
+        "output p50 | output p99 | window() ms"
+    )
     print(f"| workload | source | {columns} |")
-    print("|---|---|" + "---:|" * 8)
+    print("|---|---|" + "---:|" * 10)
     for name in opts.names or workload_names():
         workload = load_workload(name)
         s = window_stats(workload.window(opts.split, opts.seed, opts.load_scale))
@@ -218,7 +228,8 @@ def main(opts: StatsOptions) -> None:
             ms.append(1e3 * (time.perf_counter() - start))
         print(
             f"| {name} | {workload.source} | {s['requests']} | {s['span_s']:.1f} | {s['rate']:.2f} | "
-            f"{s['prompt_p50']:.0f} | {s['prompt_p99']:.0f} | {s['output_p50']:.0f} | {s['output_p99']:.0f} | "
+            f"{s['interarrival_cv']:.2f} | {s['prompt_p50']:.0f} | {s['prompt_p99']:.0f} | "
+            f"{s['prompt_log_std']:.2f} | {s['output_p50']:.0f} | {s['output_p99']:.0f} | "
             f"{np.median(ms):.2f} |"
         )
 
