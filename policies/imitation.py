@@ -6,7 +6,7 @@ under the budgets it drifts to first, the rule's advantage is near zero and shor
 remaining-first is never found (see the README's learning notes).  Starting from a
 teacher fixes the exploration problem, and PPO then learns when to deviate from it.
 
-Two teachers:
+The teachers:
 
 * ``constant``: one fixed action ``(budget level, rule)`` everywhere (a fixed-budget
   Sarathi variant);
