@@ -6,7 +6,9 @@ requests within SLO, default model and hardware) of:
 * ``sarathi``: the best fixed Sarathi budget (FCFS allocation), swept 128..8192;
 * ``constant``: the best constant action (budget x allocation rule) of the env;
 * ``oracle``: the hindsight oracle of :mod:`policies.oracle` (rollout policy
-  improvement over the best constant action, re-simulating every action each period).
+  improvement over the best constant action, re-simulating every action each period);
+  ``oracle_foresight=false`` makes it causal (its rollouts see only the requests that have
+  arrived), which measures how much of the oracle's gain needs the future arrivals.
 
 The ratio oracle / sarathi is the ceiling a learned policy can aim for.
 
@@ -83,6 +85,7 @@ class OracleSearch:
     horizon_s: float
     rel_tol: float
     early_stop: bool  # end a probe once its attain90 outcome is proven (same answer)
+    foresight: bool  # the rollouts see the future arrivals (false: only those that have arrived)
 
     @property
     def label(self) -> str:
@@ -100,7 +103,7 @@ def oracle_capacity(job: OracleSearch) -> tuple[float, float]:
         proof = Attain90Stop.for_requests(len(trace))
         stop = proof.watching(sim.core) if job.early_stop else None
         result, _ = oracle_run(
-            sim, job.base, DEFAULT_BUDGETS, DEFAULT_RULES, job.period_s, job.horizon_s, stop
+            sim, job.base, DEFAULT_BUDGETS, DEFAULT_RULES, job.period_s, job.horizon_s, stop, job.foresight
         )
         if result.stopped:
             return proof.passed(sim.core)
@@ -126,6 +129,7 @@ class Options:
     n_jobs: int = 0  # searches at once; 0: every core (backend=ray: all of them)
     progress: bool = False  # progress bars on stderr
     oracle_early_stop: bool = True  # end an oracle probe once its attain90 outcome is proven
+    oracle_foresight: bool = True  # false: a causal oracle, its rollouts blind to future arrivals
 
 
 RULES = {"seeds": NON_EMPTY, "workloads": NON_EMPTY, "period_s": POSITIVE, "horizon_s": POSITIVE}
@@ -180,6 +184,7 @@ def main(args: Options) -> None:
                     args.horizon_s,
                     args.rel_tol,
                     args.oracle_early_stop,
+                    args.oracle_foresight,
                 )
                 for (w, s), e in entries.items()
             ]
@@ -187,7 +192,9 @@ def main(args: Options) -> None:
                 oracle_capacity, oracles, args.n_jobs, "oracle", args.progress, args.backend
             )
             for job, (scale, wall_s) in zip(oracles, searched, strict=True):
-                entries[job.workload, job.seed].update(oracle=scale, oracle_wall_s=wall_s)
+                entries[job.workload, job.seed].update(
+                    oracle=scale, oracle_wall_s=wall_s, oracle_foresight=job.foresight
+                )
     report = {}
     for name in args.workloads:
         row = {seed: entries[name, seed] for seed in args.seeds}

@@ -3,14 +3,14 @@
     python bench/sim_speed.py [env_steps=50000]
 
 Replays all 19,366 requests of AzureLLMInferenceTrace_conv at their recorded times
-(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0`, `-v1` and `-v3` with random
-valid actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
+(Llama-2-7B on one H100), then steps `chunkgym/ChunkedPrefill-v0`, `-v1`, `-v3` and `-v4` with
+random valid actions.  Vidur, the reference simulator, spends ~40 s in its simulation loop on this
 trace and scheduler (~8.2k iterations/s, so ~328k iterations); the ratios are printed
 beside ours.  The replay runs twice: with the calibrated cost model (the default, the
 JSON's main fields, with its TTFT and TBT medians as ``ttft_p50_s`` and ``tbt_p50_s``) and
 with the uncalibrated roofline v0.  The env's step rate is timed for v0 (one step per iteration),
-v1 (one step per decision, forced iterations run in between) and v3 (the default env: v1's steps,
-latency-target actions) on the same workload, load and seed, back to back, with the engine
+v1 (one step per decision, forced iterations run in between), v3 (v1's steps, latency-target
+actions) and v4 (the default env: v3 plus the traffic's lengths) on the same workload, load and seed, back to back, with the engine
 iterations each simulated per second and v1's rate over v0's (``env_v1_over_v0``: the target is
 >= 1; on a shared machine only ratios of one run compare).  The last stdout line is one JSON object,
 with the load average over the run (``load_avg``).
@@ -39,7 +39,7 @@ from envs.serving.workload import load_workload
 from envs.serving.workloads.trace import Trace
 from policies.registry import make_policy
 
-ENV_IDS = {"v0": envs.ENV_ID_V0, "v1": envs.ENV_ID_V1, "v3": envs.ENV_ID_V3}
+ENV_IDS = {"v0": envs.ENV_ID_V0, "v1": envs.ENV_ID_V1, "v3": envs.ENV_ID_V3, "v4": envs.ENV_ID_V4}
 VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
 VIDUR_TTFT_P50_S = 40.4e-3
@@ -115,15 +115,19 @@ def main(args: Options) -> None:
             f"{result.metrics['ttft_p50_s'] * 1e3:.1f} ms (Vidur {VIDUR_TTFT_P50_S * 1e3:.1f}), TBT P50 "
             f"{result.metrics['tbt_p50_s'] * 1e3:.2f} ms (Vidur {VIDUR_TBT_P50_S * 1e3:.1f})"
         )
-    print(f"env: {args.env_steps:,} random valid steps of v0, v1, then v3 ...", file=sys.stderr, flush=True)
+    print(
+        f"env: {args.env_steps:,} random valid steps of v0, v1, v3, then v4 ...", file=sys.stderr, flush=True
+    )
     rates = {v: env_rates(env_id, args.env_steps, "calibrated") for v, env_id in ENV_IDS.items()}
-    (steps, its), (steps_v1, its_v1), (steps_v3, its_v3) = rates["v0"], rates["v1"], rates["v3"]
+    (steps, its), (steps_v1, its_v1) = rates["v0"], rates["v1"]
+    (steps_v3, its_v3), (steps_v4, its_v4) = rates["v3"], rates["v4"]
     print(f"env v0: {steps:,.0f} steps/s with random valid actions (target 20,000), {its:,.0f} iterations/s")
     print(
         f"env v1: {steps_v1:,.0f} decision steps/s with random valid actions ({steps_v1 / steps:.2f}x v0's; "
         f"target 1x), {its_v1:,.0f} iterations/s"
     )
     print(f"env v3: {steps_v3:,.0f} decision steps/s with random valid actions, {its_v3:,.0f} iterations/s")
+    print(f"env v4: {steps_v4:,.0f} decision steps/s with random valid actions, {its_v4:,.0f} iterations/s")
     iterations, wall = runs["calibrated"]
     rf_iterations, rf_wall = runs["roofline"]
     print(
@@ -136,10 +140,12 @@ def main(args: Options) -> None:
                 "env_steps_per_s": steps,
                 "env_v1_steps_per_s": steps_v1,
                 "env_v3_steps_per_s": steps_v3,
+                "env_v4_steps_per_s": steps_v4,
                 "env_v1_over_v0": steps_v1 / steps,
                 "env_iterations_per_s": its,
                 "env_v1_iterations_per_s": its_v1,
                 "env_v3_iterations_per_s": its_v3,
+                "env_v4_iterations_per_s": its_v4,
                 "vidur_loop_speedup": VIDUR_LOOP_S / wall,
                 "roofline_iterations": rf_iterations,
                 "roofline_wall_s": rf_wall,

@@ -1,7 +1,10 @@
 """A hindsight oracle: per time window, the best (budget, rule) by re-simulating every option.
 
 It is not a policy a server could run (it sees the future arrivals and simulates
-ahead); it bounds what switching among the env's actions can gain.  Every
+ahead); it bounds what switching among the env's actions can gain.  With
+``foresight=False`` its rollouts see only the requests that have arrived: a causal,
+model-predictive controller that a server holding the cost model could run, which
+measures how much of that gain needs the future arrivals.  Every
 ``period_s`` seconds of simulated time it forks the simulator once per candidate
 action, runs each fork with that action for one period and then with a *base* action
 (the best constant one, say) until ``horizon_s`` seconds from now, scores each fork by
@@ -57,18 +60,22 @@ def best_for_period(
     period_s: float,
     horizon_s: float,
     margin: float = 0.0,
+    foresight: bool = True,
 ) -> int:
     """The index of the candidate whose ``period_s`` of serving from ``sim``'s state, followed by
     ``candidates[0]`` (the incumbent) until ``horizon_s`` from now, scores best (requests known to
     meet their SLO minus those known to miss); the incumbent unless the best beats its score by more
     than ``margin`` x the requests its rollout decided (ties keep the earlier one).  ``sim`` itself
-    is not advanced (each rollout runs on a fork)."""
+    is not advanced (each rollout runs on a fork); ``foresight=False``: the rollouts serve only the
+    requests that have arrived."""
     start, decided = sim.core.now, sim.core.n_good + sim.core.n_bad
     best, best_score, bar = 0, 0, 0.0
     scores: dict[tuple[bool, tuple[PlanKey, ...]], int] = {}  # by the period's plans
     for i, make in enumerate(candidates):
         twin = sim.fork(keep_log=False)
         twin.log = UnrecordedLog()  # a rollout is scored on the SLO counters alone
+        if not foresight:
+            twin.core.requests = twin.core.requests[: twin.core.next_arrival]
         period = _Recorded(make())
         key = twin.run_until(period, until_s=start + period_s), tuple(period.plans)
         if key not in scores:  # else an earlier candidate planned alike: the same state, score
@@ -92,6 +99,7 @@ def oracle_run(
     period_s: float = 2.0,
     horizon_s: float = 30.0,
     stop: Callable[[], bool] | None = None,
+    foresight: bool = True,
 ) -> tuple[SimResult, list[tuple[float, int, int]]]:
     """Run ``sim`` to the end under the oracle; also returns its choices (time, budget, rule).
 
@@ -99,6 +107,7 @@ def oracle_run(
     run, as :meth:`ServingLoop.run_until` does), e.g. a capacity probe's
     :class:`~envs.serving.early.Attain90Stop` once the probe's outcome is proven; the result
     is then partial (``stopped`` True).  Every choice up to there is the same as without it.
+    ``foresight=False``: each choice sees only the requests that have arrived (see the module).
     """
     for b in (*budgets, base[0]):
         if b not in BUDGET_LEVELS:
@@ -113,7 +122,8 @@ def oracle_run(
             stopped = True
             break
         start = sim.core.now
-        budget, rule = candidates[best_for_period(sim, policies, period_s, horizon_s)]
+        best = best_for_period(sim, policies, period_s, horizon_s, foresight=foresight)
+        budget, rule = candidates[best]
         choices.append((start, budget, int(rule)))
         sim.run_until(Sarathi(budget, rule.name), stop=stop, until_s=start + period_s)
     result = sim.result()

@@ -2,6 +2,8 @@
 taken from, running it leaves that run untouched, and the oracle's choices are those of an
 oracle that re-simulates every candidate from the start of the trace."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -110,6 +112,24 @@ def test_the_oracles_snapshots_choose_as_simulating_from_the_start():
     assert choices == _from_the_start(setup, trace, base, candidates, period_s, horizon_s)
     assert len({c[1:] for c in choices}) > 1  # the choice changes: the rollouts differ
     assert result.metrics["finished"] + result.metrics["rejected"] == len(trace)
+
+
+def test_the_causal_oracle_chooses_from_the_arrived_requests_alone():
+    """Two traces that differ only after 6 s (there every prompt is one token): without foresight
+    the choices before 6 s are the same on both; with it they differ (the rollouts see the change)."""
+    setup = ServingSetup.from_names(cost_model="roofline")
+    trace = load_workload("synthetic_azure_conv").window("val", 0, 3.0, 16.0)
+    split = 6.0
+    other = dataclasses.replace(trace, prompt_len=np.where(trace.arrival_s > split, 1, trace.prompt_len))
+    args = ((512, Rule.FCFS), (256, 2048), (Rule.FCFS, Rule.SHORTEST_FIRST), 2.0, 5.0)
+
+    def early_choices(t, foresight: bool) -> list[tuple[float, int, int]]:
+        result, choices = oracle_run(setup.simulator(t), *args, foresight=foresight)
+        assert result.metrics["finished"] + result.metrics["rejected"] == len(t)  # every request served
+        return [c for c in choices if c[0] < split]
+
+    assert early_choices(trace, False) == early_choices(other, False)
+    assert early_choices(trace, True) != early_choices(other, True)
 
 
 @pytest.mark.parametrize("keep_log", [True, False])
