@@ -10,9 +10,9 @@ beside ours.  The replay runs twice: with the calibrated cost model (the default
 JSON's main fields, with its TTFT and TBT medians as ``ttft_p50_s`` and ``tbt_p50_s``) and
 with the uncalibrated roofline v0.  The env's step rate is timed for v0 (one step per iteration),
 v1 (one step per decision, forced iterations run in between), v3 (v1's steps, latency-target
-actions) and v4 (the default env: v3 plus the traffic's lengths) on the same workload, load and seed, back to back, with the engine
-iterations each simulated per second and v1's rate over v0's (``env_v1_over_v0``: the target is
->= 1; on a shared machine only ratios of one run compare).  The last stdout line is one JSON object,
+actions) and v4 (the default env: v3 plus the traffic's lengths) on the same workload, load and
+seed, back to back, with the engine iterations each simulated per second and v1's rate over v0's
+(``env_v1_over_v0``: the target is >= 1; on a shared machine only ratios of one run compare).  The last stdout line is one JSON object,
 with the load average over the run (``load_avg``).
 """
 

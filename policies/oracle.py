@@ -72,10 +72,8 @@ def best_for_period(
     best, best_score, bar = 0, 0, 0.0
     scores: dict[tuple[bool, tuple[PlanKey, ...]], int] = {}  # by the period's plans
     for i, make in enumerate(candidates):
-        twin = sim.fork(keep_log=False)
+        twin = sim.fork(keep_log=False, foresight=foresight)
         twin.log = UnrecordedLog()  # a rollout is scored on the SLO counters alone
-        if not foresight:
-            twin.core.requests = twin.core.requests[: twin.core.next_arrival]
         period = _Recorded(make())
         key = twin.run_until(period, until_s=start + period_s), tuple(period.plans)
         if key not in scores:  # else an earlier candidate planned alike: the same state, score

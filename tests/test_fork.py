@@ -145,3 +145,21 @@ def test_a_fork_shares_the_finished_history_and_copies_the_live_state(keep_log):
     live = [r for r in core.requests if r not in core.finished and r not in core.rejected]
     assert live and not any(a is b for a, b in zip(core.requests, copy.requests, strict=True) if a in live)
     assert (len(twin.log) == len(sim.log)) == keep_log
+
+
+def test_a_fork_without_foresight_serves_the_arrived_requests_alone():
+    rng = np.random.default_rng(9)  # 20 req/s: prompts still wait at 10 s
+    trace = make_trace(
+        np.sort(rng.uniform(0, 20, 400)), rng.integers(1, 3000, 400), rng.integers(1, 200, 400)
+    )
+    sim = make_setup().simulator(trace)
+    sim.run_until(Sarathi(512), until_s=10.0)
+    arrived = sim.core.next_arrival
+    assert 0 < arrived < len(trace)
+    twin = sim.fork(foresight=False)
+    assert [r.rid for r in twin.core.requests] == [r.rid for r in sim.core.requests[:arrived]]
+    queued = {id(r) for r in twin.core.queue}  # the queue holds the copies, not the originals
+    assert queued and queued <= {id(r) for r in twin.core.requests}
+    twin.run_until(Sarathi(512))
+    assert len(twin.core.finished) + len(twin.core.rejected) == arrived  # every arrived request ended
+    assert sim.core.next_arrival == arrived and len(sim.core.requests) == len(trace)  # the run untouched

@@ -299,14 +299,15 @@ class Simulator(ServingLoop):
         # (times ``time_scale``, an engine's measured speed against the model; see CostModelClock).
         super().__init__(core, CostModelClock(cost_model, time_scale), trace.span_s)
 
-    def fork(self, keep_log: bool = True) -> Simulator:
+    def fork(self, keep_log: bool = True, foresight: bool = True) -> Simulator:
         """An independent copy of the current state for what-if rollouts.
 
         Immutable parts (trace, cost model, SLO, finished and rejected requests, which never
         change again, and their token times) are shared, and lists of them or of floats are
         copied shallowly, so a fork costs the live state, not the history (the hindsight
         oracle forks every action every period); ``keep_log=False`` starts the copy with an
-        empty iteration log.
+        empty iteration log; ``foresight=False`` leaves out the requests still to arrive, so the
+        copy serves only those that have arrived (a causal rollout).
         """
         core = self.core
         shared = [self.trace, self.cost, self.slo, self.config, core.cost_model, core.slo, core.config]
@@ -319,6 +320,8 @@ class Simulator(ServingLoop):
         memo: dict[int, object] = {id(x): x for x in shared}
         for history in (core.finished, core.rejected, core._token_times, core.decode.end):
             memo[id(history)] = history.copy()
+        if not foresight:  # copied first, so the queues' references to them map to these copies
+            memo[id(core.requests)] = copy.deepcopy(core.requests[: core.next_arrival], memo)
         twin = copy.deepcopy(self, memo)
         if not keep_log:
             twin.log = IterationLog()
