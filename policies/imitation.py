@@ -168,9 +168,8 @@ def collect(
     """
     if teacher not in TEACHERS:
         raise ValueError(f"unknown behaviour-cloning teacher {teacher!r}; valid: {', '.join(TEACHERS)}")
-    for (
-        name
-    ) in policies:  # names from a config file: registered policies or v3 actions, checked before any work
+    # Names from a config file: registered policies or v3 actions, checked before any work.
+    for name in policies:
         if not is_action_name(name):
             check_policy_name(name)
     if teacher == "constant" and not 0 <= level < NUM_LEVELS:

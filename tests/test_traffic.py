@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from baselines import Sarathi
 from envs.features import FEATURE_NAMES_V3, FEATURE_NAMES_V4, features_v3, features_v4
 from envs.serving.traffic import LENGTH_EWMA_ALPHA, RATE_TAU_S, TrafficStats
+from envs.serving.workload import window_stats
 from tests.simtools import make_sim, make_trace
 
 WARMUP = round(1 / LENGTH_EWMA_ALPHA)
@@ -64,8 +66,6 @@ def test_the_core_records_every_arrival_and_every_finish():
     n = 60
     prompts, outputs = rng.integers(20, 4000, n), rng.integers(1, 60, n)
     sim = make_sim(make_trace(np.cumsum(rng.exponential(0.05, n)), prompts, outputs), num_blocks=600)
-    from baselines import Sarathi
-
     sim.run(Sarathi(512))
     traffic = sim.core.traffic
     assert traffic.arrivals == n and traffic.finishes == n
@@ -94,8 +94,6 @@ def test_v4_is_v3_plus_the_traffic_features_and_they_tell_workloads_apart():
     ):
         n = 40
         sim = make_sim(make_trace(np.arange(n) * 0.2, [prompt] * n, [output] * n), num_blocks=2000)
-        from baselines import Sarathi
-
         sim.run(Sarathi(512))
         obs = features_v4(sim.view)
         assert obs.shape == (len(FEATURE_NAMES_V4),) and np.all(np.abs(obs) <= 1)
@@ -107,8 +105,6 @@ def test_v4_is_v3_plus_the_traffic_features_and_they_tell_workloads_apart():
 
 
 def test_window_stats_tell_poisson_from_bursty_arrivals_and_measure_the_prompt_spread():
-    from envs.serving.workload import window_stats
-
     rng = np.random.default_rng(0)
     poisson = make_trace(np.cumsum(rng.exponential(0.1, 4000)), [1000] * 4000, [10] * 4000)
     gaps = np.where(np.arange(4000) % 40 == 0, 4.0, 0.001)  # bursts of 40 every 4 s
