@@ -38,6 +38,7 @@ from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import precheck
 from chunkgym.config import ConfigError, Rule, prefixed, schema, to_object
 from chunkgym.io import FolderLockedError, atomic_path, atomic_write_text, folder_lock
+from chunkgym.parallel import default_jobs, parallel_map
 from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
@@ -46,7 +47,6 @@ from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
-from leaderboard.parallel import default_jobs, parallel_map
 from leaderboard.runs import (
     BACKEND,
     REPORT_SPLITS,

@@ -1,4 +1,4 @@
-"""Train a token-budget scheduling policy on ``chunkgym/ChunkedPrefill-v1`` (``env.id``; v0 too).
+"""Train a scheduling policy on ``chunkgym/ChunkedPrefill-v4`` (the default ``env.id``; v0-v3 too).
 
     python train.py                                   # defaults: conf/train.yaml
     python train.py algo=ppo workload=azure_code seed=1 algo.total_timesteps=200000

@@ -32,7 +32,7 @@ from envs.serving.scheduling import Admission
 from envs.serving.setup import ServingSetup
 from envs.serving.workloads.trace import Trace
 
-VIDUR_TTFT_P90_S = 7.2  # Vidur, Sarathi-512, the same trace at 2x (issue 12)
+VIDUR_TTFT_P90_S = 7.2  # Vidur itself, Sarathi-512, the same trace at 2x (docs/baselines.md)
 PERCENTILES = (50, 90, 99)
 NON_NEGATIVE_INT = Rule(lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0: from memory)")
 COST_MODELS = Rule(

@@ -17,7 +17,7 @@ with the quickest searches' next probes queued behind them (one per worker).
 
 The grid runs ``--rounds`` times each way (default 2), in the order baseline, fast, fast,
 baseline, ... (ABBA), so that a machine whose speed drifts steadily during the run slows both
-alike; a shared VM's speed moves by tens of percent within minutes.
+alike; a shared machine's speed can move by tens of percent within minutes.
 The last stdout line is one JSON object: baseline_s, fast_s (each a round's mean), speedup
 (wall clock, all rounds' ratio), identical (every capacity of every round bit-identical to the
 reference search's), load_avg, the CPU seconds of both (baseline_cpu_s, fast_cpu_s: the work
@@ -35,11 +35,11 @@ import time
 from typing import cast
 
 import chunkgym
+from chunkgym.parallel import default_jobs
 from envs.serving.capacity import Capacity, CapacityQuery, measure_capacities
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload
-from leaderboard.parallel import default_jobs
 from policies.registry import make_policy
 
 POLICIES = ("fcfs", "sarathi_512", "sarathi_2048", "adaptive_srpf")

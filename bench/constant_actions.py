@@ -25,12 +25,12 @@ import chunkgym
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
 from chunkgym.config import Rule as OptionRule
+from chunkgym.parallel import default_jobs
 from envs.actions import ACTIONS_V3
 from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.metrics import slo_names
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload, workload_names
-from leaderboard.parallel import default_jobs
 from policies.constant import ConstantAction, action_named, is_action_name
 
 TARGETS_SRPF = [f"{t.name}__shortest_first+skip" for t in ACTIONS_V3.targets]

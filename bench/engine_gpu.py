@@ -19,9 +19,10 @@ last (about 5 more minutes on one H200).  ``replay`` picks the ``conf/engine`` f
 file's own list.  Tests run the ``smoke`` profile on the CPU; CI never needs a GPU.
 
 On a machine that holds PyTorch and its scientific stack (numpy, pandas, scipy, pyyaml, tqdm) but
-not this project's other needs, such as a lent GPU machine, the script needs five pure-Python
-packages more: hydra-core, omegaconf, antlr4-python3-runtime, gymnasium and farama-notifications
-(under 1 MB; tests/test_gpu_profile.py runs the smoke profile with everything else hidden).
+not this project's other needs and cannot install them (a GPU node without network access, say),
+the script needs five pure-Python packages more: hydra-core, omegaconf, antlr4-python3-runtime,
+gymnasium and farama-notifications (under 1 MB; tests/test_gpu_profile.py runs the smoke profile
+with everything else hidden).
 Carry them as wheels of the versions this checkout's environment holds, built here::
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
@@ -47,8 +48,8 @@ import torch
 from omegaconf import OmegaConf
 
 from calibration import from_torch
-from calibration.from_engine import store_replay_configs
 from chunkgym.cli import hydra_cli
+from engine.calibrate import store_replay_configs
 from engine.replay import ReplayConfig
 from engine.sim_to_real import DEFAULT_POLICIES
 from engine.sim_to_real import main as sim_to_real

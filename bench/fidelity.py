@@ -40,7 +40,7 @@ def iteration_time_us(model: RooflineCostModel) -> dict[str, float]:
 class Options:
     """``bench/fidelity.py``'s options."""
 
-    data_root: str | None = None  # data folder; null: $CHUNKGYM_DATA or ../shared/data
+    data_root: str | None = None  # data folder; null: chunkgym.data_root()
 
 
 @hydra_cli(Options, name="bench_fidelity")

@@ -38,13 +38,13 @@ from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, NON_NEGATIVE, POSITIVE
 from chunkgym.config import Rule as OptionRule
+from chunkgym.parallel import parallel_map
 from envs.serving.capacity import measure_capacity
 from envs.serving.early import Attain90Stop
 from envs.serving.metrics import attain90, capacity_search
 from envs.serving.scheduling import RULE_NAMES, Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload, workload_names
-from leaderboard.parallel import parallel_map
 from leaderboard.runs import cached_workload
 from policies.oracle import DEFAULT_BUDGETS, DEFAULT_RULES, oracle_run
 

@@ -44,8 +44,8 @@ VIDUR_LOOP_S = 40.0
 VIDUR_ITERATIONS_PER_S = 8.2e3
 VIDUR_TTFT_P50_S = 40.4e-3
 VIDUR_TBT_P50_S = 9.0e-3
-"""Vidur's medians on the same trace and setup (issue 12's side-by-side run): the targets are
-0.8x-2.5x of its TTFT P50 and 0.8x-2.0x of its TBT P50."""
+"""Vidur's medians on the same trace and setup, from Vidur run on it (docs/benchmarks.md): the
+targets are 0.8x-2.5x of its TTFT P50 and 0.8x-2.0x of its TBT P50."""
 
 
 def native_trace(load: float = 1.0) -> Trace:

@@ -13,8 +13,9 @@ then, last, one JSON object: ``iteration_mape``, ``ttft_p50_rel_err``, ``ttft_p9
 ``tbt_p99_rel_err`` (worst policy), ``plan_agreement``, ``kendall_tau``, ``policies``, ``windows``,
 ``vllm_version``, ``load_avg``, ``load_scale`` (as served), ``load_scale_nominal``, ``machine_speed``,
 ``iteration_mape_profile`` and ``time_scale_before_after`` (``calibrate_speed=true``: each window's engine
-timed beside it, the simulator's clock at that speed) and per-policy numbers.  10-14 minutes on the 2-core VM the load was chosen on (595-846 s measured); longer on a
-slower machine, whose windows are served over a longer span (1582 s at speed 0.36).
+timed beside it, the simulator's clock at that speed) and per-policy numbers.  Ten minutes or more on
+two CPU cores; a slower machine serves the same windows over a longer span, at a load scaled by its
+speed (current figures and run times: docs/vllm.md).
 """
 
 from engine.vllm_backend.sim_to_real import main

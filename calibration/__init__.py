@@ -8,9 +8,10 @@ tensor-parallel degree, fitted by the one routine :func:`calibration.fit.fit_kne
   exists (:mod:`calibration.from_published`; per-layer fits :mod:`~calibration.table_fits`, kernel
   terms :mod:`~calibration.kernels`, attention and engine terms :mod:`~calibration.whole_request`,
   roofline scaling :mod:`~calibration.derive`, the fidelity report :mod:`~calibration.report`);
-* ``python -m calibration.from_engine``: our engine timed on this machine
-  (:mod:`calibration.sources.engine`) over batch compositions, whole-iteration fit
-  (:mod:`calibration.iterations`) -> ``<hardware>__<model>__tp1.yaml``;
+* live engines profile themselves over :mod:`calibration.iterations`'s batch compositions and fit
+  its whole-iteration form -> ``<hardware>__<model>__tp1.yaml``: ours with ``python -m engine.calibrate``
+  (:mod:`engine.profile` times it), vLLM with ``python -m engine.vllm_backend.profile``; calibration
+  itself imports no engine;
 * ``python -m calibration.sources.torch_ops``: one layer's ops timed in plain PyTorch on this
   device, written as a Vidur-format table the published-profile fit reads.
 

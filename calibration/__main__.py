@@ -4,8 +4,8 @@
     python -m calibration                                  # every GPU x model x tp into conf/cost
     python -m calibration out=DIR report=null "hardware=[h100_80gb]" "models=[llama2_7b]" "tp=[1,2]"
 
-``data_root`` defaults to ``$CHUNKGYM_DATA`` or ``../shared/data``; ``report=null`` writes the
-coefficient files only.
+``data_root`` defaults to :func:`chunkgym.data_root` (``$CHUNKGYM_DATA``, else the user cache);
+``report=null`` writes the coefficient files only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from chunkgym.cli import hydra_cli
 class Options:
     """``python -m calibration``'s options."""
 
-    data_root: str | None = None  # data folder; null: $CHUNKGYM_DATA or ../shared/data
+    data_root: str | None = None  # data folder; null: chunkgym.data_root()
     out: str = "conf/cost"  # where coefficient files go
     engine_overhead_out: str = "conf/engine_overhead"  # where engine overhead profiles go
     report: str | None = "reports/calibration"  # fidelity.md and the plot go here; null: none

@@ -2,7 +2,8 @@
 
 * ``splitwise_2023_eager``: the engine terms and attention factors fitted on Splitwise's
   Llama-2-70B runs (TP 2/4/8, A100 and H100; :mod:`calibration.whole_request`), i.e. the eager
-  vLLM of 2023 at TP >= 2.  A40 takes A100's fit and H200 H100's, as before.
+  vLLM of 2023 at TP >= 2.  A40 takes A100's fit and H200 H100's (their source GPUs, as in
+  :mod:`calibration.from_published`).
 * ``vllm_v1``: vLLM V1 with CUDA graphs and async scheduling (``combine: max``: the scheduler
   plans step N+1 while step N runs on the device).  Host terms are fitted to the step parts
   measured on the CPU wheel (:mod:`calibration.sources.vllm_host`, ``calibration/data``);

@@ -3,7 +3,7 @@
 A :class:`Composition` states one iteration's batch in the terms of
 ``envs/serving/cost_model.py`` (decoding sequences with their cached tokens; prefill chunks with
 their query tokens and cached context), so any engine that can time it (ours:
-:mod:`calibration.sources.engine`) yields :class:`Measurement` rows that fit that cost model
+:mod:`engine.profile`) yields :class:`Measurement` rows that fit that cost model
 directly.  :func:`fit` fits the one cost-model form every backend shares
 (:class:`envs.serving.cost_model.CostParams`) to those times with :func:`calibration.fit.fit_knee_grid`.
 With ``L`` layers, ``T`` batched tokens, ``n`` decodes holding ``C`` KV tokens (the new token
@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from calibration.fit import KneeFit, fit_knee_grid, holdout_mask, mape
-from engine.runner import BatchItem
 from envs.serving.cost_model import CostParams, RooflineCostModel
 
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -73,22 +72,6 @@ class Composition:
         """The cost model's ``iteration_time`` arguments; the decode context counts the new tokens, as the core does."""
         n = len(self.decode_contexts)
         return n, sum(self.decode_contexts) + n, self.prefill_tokens, self.prefill_context
-
-    def items(self, block_size: int, vocab_size: int) -> tuple[list[BatchItem], int]:
-        """Our engine's batch items over disjoint, consecutive blocks, and the number of blocks they use.
-
-        Block tables are synthetic and the cache may hold zeros: attention cost depends on how
-        many tokens are read, not on their values.
-        """
-        spans = [(c, q) for q, c in zip(self.prefill_tokens, self.prefill_context, strict=True)]
-        spans += [(c, 1) for c in self.decode_contexts]
-        items, next_block = [], 0
-        for i, (start, n) in enumerate(spans):
-            blocks = -(-(start + n) // block_size)
-            tokens = [(7919 * (i + 1) + 31 * p) % vocab_size for p in range(start, start + n)]
-            items.append(BatchItem(i, tokens, start, range(next_block, next_block + blocks)))
-            next_block += blocks
-        return items, next_block
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 OWN_PACKAGES = ("envs", "baselines", "policies", "engine", "calibration")
 
 DATA_ENV_VAR = "CHUNKGYM_DATA"
-DEFAULT_DATA_ROOT = "../shared/data"
 SHIPPED_DATA = REPO_ROOT / "data"
 """The data the repository ships (the Azure LLM inference 2023 traces), laid out like a data folder."""
 
@@ -31,22 +30,33 @@ def resolve_path(path: str | os.PathLike[str]) -> Path:
     return p if p.is_absolute() else (REPO_ROOT / p).resolve()
 
 
+def default_data_root() -> Path:
+    """The per-user cache: ``$XDG_CACHE_HOME/chunkgym/data``, else ``~/.cache/chunkgym/data``.
+
+    A cache outside the clone, so fetched traces survive a fresh clone and are shared by a
+    user's clones. As the XDG base-directory spec asks, a relative ``$XDG_CACHE_HOME`` is ignored.
+    """
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"
+    return base / "chunkgym" / "data"
+
+
 def data_root(path: str | os.PathLike[str] | None = None) -> Path:
-    """The data folder: ``path`` if given, else ``$CHUNKGYM_DATA``, else ``../shared/data``.
+    """The data folder: ``path`` if given, else ``$CHUNKGYM_DATA``, else :func:`default_data_root`.
 
     Relative paths resolve against the repository root, not the working directory,
     so Hydra's run-directory changes never move the data.
     """
     if path is None:
-        path = os.environ.get(DATA_ENV_VAR, DEFAULT_DATA_ROOT)
+        path = os.environ.get(DATA_ENV_VAR) or default_data_root()
     return resolve_path(path)
 
 
 def data_file(relative: str | os.PathLike[str], path: str | os.PathLike[str] | None = None) -> Path:
     """``relative`` under the data folder, else the repository's shipped copy, else the data-folder path.
 
-    So the shipped Azure traces work on a clone with nothing beside it, and a data folder that
-    holds them too (or a newer copy) takes precedence.
+    So the shipped Azure traces work on a fresh clone with an empty data folder, and a data folder
+    that holds them too (or a newer copy) takes precedence.
     """
     wanted = data_root(path) / relative
     shipped = SHIPPED_DATA / relative

@@ -1,7 +1,7 @@
 """Where parallel jobs run: ``local`` (this machine's processes) or ``ray`` (a Ray cluster).
 
 One switch (``backend=local|ray``) for every tool that fans work out: evaluate.py's grid, capacity
-searches and validation (through :func:`leaderboard.parallel.parallel_map`), the speculative
+searches and validation (through :func:`chunkgym.parallel.parallel_map`), the speculative
 capacity search (any :class:`~concurrent.futures.Executor`: :func:`executor`) and
 bench/headroom.py.  ``ray`` joins the cluster at ``$RAY_ADDRESS``; unset, it starts a Ray instance
 on this machine, on loopback, for the run.  Ray is imported only when ``ray`` is asked for.

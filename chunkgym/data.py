@@ -2,7 +2,9 @@
 
 ``data/sources.json`` pins every trace and GPU profile to its upstream repository, a commit and a
 SHA-256 per file. The two Azure LLM inference 2023 traces ship in the repository (``data/``, the
-fallback data folder, see :func:`chunkgym.data_file`); everything else is fetched::
+fallback data folder, see :func:`chunkgym.data_file`); everything else is fetched into the data folder
+(``$CHUNKGYM_DATA``, else the per-user cache ``$XDG_CACHE_HOME/chunkgym/data`` or
+``~/.cache/chunkgym/data``, see :func:`chunkgym.data_root`)::
 
     python -m chunkgym.data fetch                   # download into the data folder, checking hashes
     python -m chunkgym.data fetch --from DIR        # the same from a local mirror, offline
@@ -309,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         "--from", dest="mirror", type=Path, help="a local mirror instead of the upstream URLs"
     )
     parser.add_argument(
-        "--data", type=Path, help=f"the data folder (default ${DATA_ENV_VAR} or ../shared/data)"
+        "--data",
+        type=Path,
+        help=f"the data folder (default ${DATA_ENV_VAR}, else the per-user cache "
+        f"$XDG_CACHE_HOME/chunkgym/data or ~/.cache/chunkgym/data; now {str(data_root()).replace('%', '%%')})",
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these sources only (see `list`)")
     args = parser.parse_args(_hydra_style(sys.argv[1:] if argv is None else argv))

@@ -69,8 +69,8 @@ PRESETS: dict[str, ModelConfig] = {
     # Unit tests: ~0.15M parameters, every code path (GQA group 2) still exercised.
     "tiny": ModelConfig("tiny", 2, 64, 4, 2, 128, 512, 4096),
     # CPU trace replays: 12.9M parameters (4.7M in the layers, 4.2M each embedding and head).
-    # Decode is memory-bound (~36 MB of float32 weights read per iteration): ~7 ms on the
-    # 2-core dev VM; a 512-token chunk ~50 ms.  Measurements and command: engine/README.md.
+    # Decode is memory-bound (~36 MB of float32 weights read per iteration), prefill compute-bound.
+    # Timings and the command that measures them: docs/engine.md.
     "small": ModelConfig("small", 6, 256, 4, 1, 768, 16384, 16384),
     # Llama-3.2-1B layer shapes (meta-llama/Llama-3.2-1B config.json), with an untied head.
     "llama_1b": ModelConfig("llama_1b", 16, 2048, 32, 8, 8192, 128256, 131072, rope_theta=500000.0),
@@ -231,11 +231,10 @@ class LlamaModel(nn.Module):
         """The argmax token of each row of ``hidden`` (ties to the lowest id): :meth:`logits`' argmax.
 
         Computed as ``head @ hidden.T`` over at least two columns.  On CPU BLAS the usual
-        ``hidden @ head.T`` of 2-3 rows ran as that many matrix-vector products, each reading the
-        whole head (16 MB for ``small``: 3 rows 5.3 ms, 4 rows 2.9 ms), and one row as a
-        matrix-vector product took 1.7 ms; this layout took 0.8 ms for 1-2 rows and 1.1 ms for 4
-        (dev VM, one thread), so the head's cost grows smoothly with the rows, as the cost model
-        assumes.  On CUDA both layouts are one GEMM.
+        ``hidden @ head.T`` of 1-3 rows runs as that many matrix-vector products, each reading the
+        whole head (16 MB for ``small``), so 3 rows cost more than 4; this layout reads the head once
+        for a few rows, so the head's cost grows smoothly with the rows, as the cost model assumes
+        (docs/engine.md).  On CUDA both layouts are one GEMM.
         """
         n = hidden.shape[0]
         columns = hidden if n > 1 else hidden.repeat(2, 1)

@@ -40,6 +40,7 @@ from chunkgym.io import atomic_path, atomic_write_text
 from chunkgym.progress import Progress
 from chunkgym.provenance import config_hash
 from engine.model import LlamaModel, build_model
+from engine.profile import batch_items
 from engine.runner import ModelRunner
 from engine.serve import IDLE_MODES, Engine, EngineResult, WallClock
 from envs.serving.core import ServingConfig
@@ -138,7 +139,7 @@ def build(conf: ReplayConfig) -> LlamaModel:
 def warm_up(runner: ModelRunner) -> None:
     """Run :data:`WARMUP` a few times on the runner's own cache (every slot is rewritten before use)."""
     for comp in WARMUP:
-        items, blocks = comp.items(runner.cache.block_size, runner.model.config.vocab_size)
+        items, blocks = batch_items(comp, runner.cache.block_size, runner.model.config.vocab_size)
         if blocks <= runner.cache.num_blocks:
             for _ in range(3):
                 runner.execute(items)

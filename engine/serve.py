@@ -66,9 +66,9 @@ IDLE_MODES = ("sleep", "spin")
 class WallClock:
     """``time.perf_counter`` from :meth:`start`; an idle engine sleeps or spins until its next arrival.
 
-    ``idle="spin"`` busy-waits, holding the core.  On a shared VM a process that sleeps loses its
-    core to others, and its next iteration (always a prefill) then ran ~25% slower than back to back
-    (dev VM, one thread, under load); spinning keeps the conditions the profile was measured in, at
+    ``idle="spin"`` busy-waits, holding the core.  On a shared machine a process that sleeps loses its
+    core to others, and its next iteration (always a prefill) then runs slower than back to back
+    (conf/engine/cpu_replay.yaml); spinning keeps the conditions the profile was measured in, at
     the price of one busy core for the replay.
     """
 

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from calibration.from_engine import calibrate
 from chunkgym import resolve_path
 from chunkgym.cli import hydra_cli, load_options
 from chunkgym.config import AT_LEAST_ONE, Rule
 from chunkgym.io import atomic_write_text
+from engine.calibrate import calibrate
 from engine.replay import DEFAULT_CONFIG, ReplayConfig, check, replay
 from engine.replay import write as write_replay
 from envs.serving.loop import SimResult

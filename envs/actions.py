@@ -2,7 +2,7 @@
 
 v0-v2: (budget level, rule), :class:`ActionSpec`.  v3: (mode, allocation),
 :class:`TargetActionSpec`: a mode is a budget level or a latency target that
-:func:`baselines.adaptive.adaptive_level` turns into a budget, an allocation a rule and an
+:func:`envs.serving.levels.adaptive_level` turns into a budget, an allocation a rule and an
 admission, so every Sarathi and adaptive heuristic is one constant action.
 
 Masks keep one representative per distinct plan, so masking never removes a choice:
@@ -28,11 +28,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from baselines.adaptive import adaptive_level, latency_target_s
 from envs.lookahead import Lookahead
+from envs.serving.levels import BUDGET_LEVELS, adaptive_level, latency_target_s
 from envs.serving.scheduling import Admission, Plan, Rule, ServingView, blocks_needed, plan_budget
 
-BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64, 128, ..., 16384 tokens per iteration
 NUM_LEVELS = len(BUDGET_LEVELS)
 
 

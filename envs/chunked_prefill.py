@@ -70,7 +70,7 @@ end by themselves, so the ids are registered without ``max_episode_steps``.
 
 ## Arguments
 
-``gym.make("chunkgym/ChunkedPrefill-v1", workloads=[...], load_scale=(1.0, 3.0), ...)``;
+``gym.make("chunkgym/ChunkedPrefill-v4", workloads=[...], load_scale=(1.0, 3.0), ...)``;
 see :class:`ChunkedPrefillEnv`.
 
 ## info

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from chunkgym.parallel import parallel_map
 from envs.serving.metrics import VLLM_COLUMNS
-from leaderboard.parallel import parallel_map
 from leaderboard.runs import RunSpec, run_row
 from leaderboard.tables import read_rows
 

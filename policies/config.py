@@ -180,7 +180,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = MISSING
     seed: int = 0
-    data_root: str | None = None  # None = chunkgym.data_root() ($CHUNKGYM_DATA or ../shared/data)
+    data_root: str | None = None  # None = chunkgym.data_root() ($CHUNKGYM_DATA, else the user cache)
     resume: bool = True  # continue from the run folder's last checkpoint if there is one
     torch_threads: int = 1
     progress: bool = True

@@ -1,4 +1,4 @@
-"""Heuristics as constant actions of ``chunkgym/ChunkedPrefill-v3``.
+"""Heuristics as constant actions of ``chunkgym/ChunkedPrefill-v3`` (and of v4, which shares its actions).
 
 v3's modes include :class:`baselines.Adaptive`'s latency targets and its allocations include
 the admission, so each Sarathi budget and each adaptive heuristic is one action taken at
@@ -10,7 +10,8 @@ cloning a heuristic's per-state budget in v2 did not carry over to the policy's 
 from __future__ import annotations
 
 from baselines import Adaptive, Sarathi
-from envs.actions import ACTIONS_V3, BUDGET_LEVELS, LatencyTarget, TargetActionSpec
+from envs.actions import ACTIONS_V3, LatencyTarget, TargetActionSpec
+from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.scheduling import Plan, Policy, ServingView
 
 Action = tuple[int, int]

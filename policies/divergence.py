@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from baselines.adaptive import adaptive_level
 from chunkgym.cli import hydra_cli
 from chunkgym.config import NON_EMPTY, POSITIVE
-from envs.actions import BUDGET_LEVELS, ActionSpec, TargetActionSpec
+from envs.actions import ActionSpec, TargetActionSpec
 from envs.serving.capacity import measure_capacity
+from envs.serving.levels import BUDGET_LEVELS, adaptive_level
 from envs.serving.scheduling import Admission, Plan, Policy, Rule, ServingView, plan_budget
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload

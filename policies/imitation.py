@@ -3,7 +3,7 @@
 PPO from scratch on ``ChunkedPrefill-v1`` settles on FCFS allocation with large budgets:
 the allocation rule only changes the plan when the budget does not cover the queue, so
 under the budgets it drifts to first, the rule's advantage is near zero and shortest-
-remaining-first is never found (see the README's learning notes).  Starting from a
+remaining-first is never found (docs/training.md, behaviour-cloning warm start).  Starting from a
 teacher fixes the exploration problem, and PPO then learns when to deviate from it.
 
 The teachers:
@@ -37,7 +37,7 @@ labels follow the env's masks exactly.  The policy is fitted
 by masked cross-entropy and the value head by discounted returns of the teacher's own
 rollouts (so PPO's first advantages are not noise).
 
-In ``ChunkedPrefill-v3`` every candidate is a constant action: a named heuristic is the
+From ``ChunkedPrefill-v3`` on, every candidate is a constant action: a named heuristic is the
 action :func:`policies.constant.constant_action` gives it, listed before the budget
 levels, so on a tie the heuristic (``adaptive_srpf`` first in the shipped recipe) is the label,
 and with a ``margin`` it stays the label unless another candidate serves the window clearly better.
@@ -61,11 +61,12 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from baselines import Adaptive, Sarathi
+from chunkgym.parallel import default_jobs
 from chunkgym.progress import Progress
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS, TargetActionSpec
+from envs.actions import NUM_LEVELS, TargetActionSpec
 from envs.serving.capacity import CapacityQuery, measure_capacities
+from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.scheduling import Policy
-from leaderboard.parallel import default_jobs
 from policies.config import TEACHERS
 from policies.constant import Action, ConstantAction, action_named, constant_action, is_action_name
 from policies.oracle import best_for_period

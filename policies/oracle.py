@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from baselines import Sarathi
-from envs.actions import BUDGET_LEVELS
+from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.loop import SimResult, UnrecordedLog
 from envs.serving.scheduling import Plan, Policy, Rule, ServingView
 from envs.serving.simulator import Simulator

@@ -3,6 +3,10 @@
 Mark a test (or a module, via ``pytestmark``) ``@pytest.mark.needs_data("mooncake", ...)`` with the
 ``data/sources.json`` names it reads: it is skipped, with a reason naming the missing source and the
 fetch command, unless every file of those sources is in the data folder (or shipped in ``data/``).
+
+The data folder is ``$CHUNKGYM_DATA``, else the per-user cache; when the variable is unset and a
+data mirror sits beside the checkout (``../shared/data``, as on CI), the suite points it there, so
+the data-dependent tests run rather than skip.
 """
 
 import os
@@ -15,6 +19,10 @@ from chunkgym.data import FETCH_COMMAND, load_sources
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 chunkgym.require_own_packages()
+
+MIRROR_BESIDE_CHECKOUT = chunkgym.REPO_ROOT.parent / "shared" / "data"
+if not os.environ.get(chunkgym.DATA_ENV_VAR) and MIRROR_BESIDE_CHECKOUT.is_dir():
+    os.environ[chunkgym.DATA_ENV_VAR] = str(MIRROR_BESIDE_CHECKOUT)  # set before any test module reads it
 
 SOURCES = {s.name: s for s in load_sources()}
 

@@ -24,9 +24,9 @@ from chunkgym.backends import (
     executor,
     worker_env,
 )
+from chunkgym.parallel import JobError, parallel_map
 from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.metrics import load_slo
-from leaderboard.parallel import JobError, parallel_map
 from leaderboard.runs import SetupKey, cached_workload
 from policies.registry import make_policy
 

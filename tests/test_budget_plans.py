@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import Adaptive, Sarathi
-from baselines.adaptive import BUDGET_LEVELS, adaptive_level
 from envs.serving.capacity import ProbeRun
 from envs.serving.cost_model import CostModel
+from envs.serving.levels import BUDGET_LEVELS, adaptive_level
 from envs.serving.request import Request
 from envs.serving.scheduling import (
     Admission,

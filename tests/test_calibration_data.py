@@ -83,7 +83,7 @@ def test_calibrated_model_reproduces_measured_rows() -> None:
 LOO_ABS_TOL = 0.005
 """The leave-one-TP-out MAPEs, refitted on two TP degrees only, land in slightly different optima of a
 non-convex fit on different CPUs (tp2 held out, A100: token MAPE 0.0772 in the committed files, 0.0755
-refitted on an AMD EPYC VM; H100: 0.0150 against 0.0124); everything else in a file must match to the digit."""
+refitted on another CPU; H100: 0.0150 against 0.0124); everything else in a file must match to the digit."""
 
 
 def _same_fit(committed: str, written: str) -> bool:
@@ -113,7 +113,7 @@ def _find_loo(doc: object) -> dict:
 
 def test_committed_files_are_what_the_fit_writes(cal: Calibration, tmp_path: Path) -> None:
     written = write_cost_files(cal.files, tmp_path)
-    # The GPU files; profiles of the local engine (hardware `cpu`) come from calibration/from_engine.py.
+    # The GPU files; profiles of the local engine (hardware `cpu`) come from engine/calibrate.py.
     committed = sorted(p for p in COST_DIR.glob("*.yaml") if not p.name.startswith("cpu__"))
     assert sorted(p.name for p in written) == [p.name for p in committed]
     stale = [p.name for p in committed if not _same_fit(p.read_text(), (tmp_path / p.name).read_text())]

@@ -1,4 +1,4 @@
-"""The data folder: shipped Azure traces, the pinned manifest, ``python -m chunkgym.data fetch/verify``."""
+"""The data folder: its default (the user cache), shipped Azure traces, the pinned manifest, ``chunkgym.data``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
 
 import chunkgym
 from chunkgym import data
 from chunkgym.data import Archive, DataError, DataFile, Source
-from envs.serving.workload import WORKLOAD_DIR, TraceError, load_workload
+from envs.serving.workload import WORKLOAD_DIR, TraceError, Workload, load_workload
+from policies.config import register_configs, to_train_config
 
 SOURCES = data.load_sources()
 
@@ -38,6 +40,56 @@ def _mirror(root: Path, files: dict[str, bytes]) -> Path:
         (root / "o/r" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "o/r" / name).write_bytes(b)
     return root
+
+
+def test_the_default_data_folder_is_the_per_user_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(chunkgym.DATA_ENV_VAR, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert chunkgym.data_root() == tmp_path / "xdg/chunkgym/data"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert chunkgym.data_root() == tmp_path / "home/.cache/chunkgym/data"
+    for ignored in ("", "relative/cache"):  # the XDG spec: an empty or relative value is not a cache folder
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert chunkgym.data_root() == tmp_path / "home/.cache/chunkgym/data"
+    monkeypatch.setenv(chunkgym.DATA_ENV_VAR, "")  # empty: unset
+    assert chunkgym.data_root() == tmp_path / "home/.cache/chunkgym/data"
+
+
+def test_chunkgym_data_beats_the_cache_and_an_explicit_data_root_beats_both(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(chunkgym.DATA_ENV_VAR, str(tmp_path / "mirror"))
+    assert chunkgym.data_root() == tmp_path / "mirror"
+    assert chunkgym.data_root(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.setenv(chunkgym.DATA_ENV_VAR, "mirror")  # relative: against the repository root
+    assert chunkgym.data_root() == chunkgym.REPO_ROOT / "mirror"
+    monkeypatch.delenv(chunkgym.DATA_ENV_VAR)
+    assert chunkgym.data_root(str(tmp_path / "given")) == tmp_path / "given"
+
+
+def test_fetch_writes_into_the_cache_when_no_folder_is_named(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.delenv(chunkgym.DATA_ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    source = _source({"a.csv": b"1\n"})
+    monkeypatch.setattr(data, "load_sources", lambda: [source])
+    mirror = _mirror(tmp_path / "mirror", {"up/a.csv": b"1\n"})
+    assert data.main(["fetch", f"from={mirror}"]) == 0
+    cache = tmp_path / "xdg/chunkgym/data"
+    assert (cache / "traces/x/a.csv").read_bytes() == b"1\n"
+    assert f"fetching into {cache}" in capsys.readouterr().out
+
+
+def test_the_default_training_config_needs_only_the_shipped_traces(tmp_path) -> None:
+    """``python train.py`` on a fresh clone: every workload it reads loads from ``data/`` with an empty data folder."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(chunkgym.REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = to_train_config(compose("train"))
+    workloads = [Workload(cfg.workload, tmp_path)]
+    workloads += [Workload.from_name(n, tmp_path) for n in [*cfg.env.workloads, *cfg.eval.workloads]]
+    for w in workloads:
+        assert w.source.startswith(f"file:{chunkgym.SHIPPED_DATA}"), w.source
+    assert not any(tmp_path.iterdir())  # nothing was written to the data folder either
 
 
 def test_shipped_azure_traces_are_the_pinned_files_and_load_with_an_empty_data_root(tmp_path) -> None:
@@ -195,7 +247,7 @@ def test_cli_accepts_hydra_style_options_and_rejects_unknown_sources(tmp_path, c
 
 
 @pytest.mark.needs_data(*(s.name for s in SOURCES))
-def test_fetch_from_the_shared_data_folder_verifies_every_pinned_file(tmp_path, capsys) -> None:
+def test_fetch_from_a_full_data_folder_verifies_every_pinned_file(tmp_path, capsys) -> None:
     assert data.main(["fetch", "--from", str(chunkgym.data_root()), "--data", str(tmp_path)]) == 0
     n = sum(len(s.files) + (len(s.archive.members) if s.archive else 0) for s in SOURCES)
     assert f"all {n} files of {len(SOURCES)} source(s) match" in capsys.readouterr().out

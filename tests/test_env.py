@@ -12,8 +12,9 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
-from envs.actions import BUDGET_LEVELS, NUM_LEVELS
+from envs.actions import NUM_LEVELS
 from envs.chunked_prefill import LATEST_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
+from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.metrics import VLLM_COLUMNS
 from envs.serving.scheduling import plan_budget
 from policies.config import EnvConfig

@@ -14,11 +14,11 @@ from gymnasium.utils.env_checker import check_env
 from sb3_contrib import MaskablePPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from baselines.adaptive import adaptive_level
 from chunkgym.registration import ENV_ID_V2, ENV_ID_V3, ENV_ID_V4
-from envs.actions import ACTIONS_V3, BUDGET_LEVELS, NUM_LEVELS
+from envs.actions import ACTIONS_V3, NUM_LEVELS
 from envs.chunked_prefill import VERSIONS, version_of
 from envs.features import FEATURE_NAMES_V1, FEATURE_NAMES_V3, features_v3
+from envs.serving.levels import BUDGET_LEVELS, adaptive_level
 from envs.serving.scheduling import plan_budget
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from baselines import PrefillFirst, Sarathi
+from chunkgym.parallel import JobError, parallel_map
 from chunkgym.tracking import LoggerConfig, TrackerMode, upload
 from envs.serving.metrics import load_slo
-from leaderboard.parallel import JobError, parallel_map
 from leaderboard.plots import find_stall, prefill_span
 from leaderboard.runs import RunSpec, SetupKey, run_row
 from tests.simtools import make_sim, make_trace

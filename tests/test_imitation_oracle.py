@@ -14,9 +14,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import envs
 from baselines import Adaptive, Sarathi
-from envs.actions import ACTIONS_V3, BUDGET_LEVELS, NUM_LEVELS
+from envs.actions import ACTIONS_V3, NUM_LEVELS
 from envs.serving.capacity import CapacityQuery, measure_capacities
 from envs.serving.early import Attain90Stop
+from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.scheduling import Rule
 from envs.serving.setup import ServingSetup
 from envs.serving.workload import load_workload

@@ -1,4 +1,5 @@
-"""The source tree's imports point one way: no cycles, and the scheduling interface imports no implementation.
+"""The source tree's imports point one way: down the layers of :data:`LAYERS`, no cycles, and the
+scheduling interface imports no implementation.
 
 Every import counts, at module level, under ``TYPE_CHECKING`` and inside functions, since a
 cycle hidden in a function is still a cycle in the design.
@@ -11,7 +12,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("baselines", "calibration", "chunkgym", "engine", "envs", "leaderboard", "policies")
+SCRIPTS = ("bench",)
+"""Folders of scripts (no package): walked as ``bench.<file>``."""
 INTERFACE = "envs.serving.scheduling"
+
+LAYERS = {
+    # A module may import its own rank and lower ones only.
+    "chunkgym": 0,  # config, io, cli, data, backends, parallel map: what every layer stands on
+    "envs": 1,  # the simulator (envs.serving) and the env over it
+    "baselines": 2,  # heuristics speaking envs.serving's scheduling interface
+    "policies": 3,  # learned policies, their training and teachers (which run baselines)
+    "calibration": 4,  # measurements in, cost-model coefficients out: needs the cost model, no policy
+    "leaderboard": 5,  # policies run in the simulator, and their result rows, tables and plots
+    "engine": 6,  # real engines: profile themselves with calibration's fit, replay into leaderboard rows
+    "train": 7,  # the scripts: nothing imports them
+    "evaluate": 7,
+    "bench": 7,
+}
 
 
 def _module_name(path: Path) -> str:
@@ -22,7 +39,7 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    files = [p for pkg in PACKAGES + SCRIPTS for p in (ROOT / pkg).rglob("*.py")]
     files += [p for p in ROOT.glob("*.py") if p.name != "setup.py"]
     return {_module_name(p): p for p in files}
 
@@ -133,3 +150,39 @@ def test_one_run_loop_drives_the_core():
         "advance_to_work",
         "fast_forward",
     }
+
+
+def _rank(module: str) -> int:
+    return LAYERS[module.split(".")[0]]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import of a higher layer than the importer's."""
+    return sorted(f"{m} -> {dep}" for m, deps in graph.items() for dep in deps if _rank(dep) > _rank(m))
+
+
+def test_every_package_and_script_has_a_layer():
+    assert {m.split(".")[0] for m in import_graph()} == set(LAYERS)
+
+
+def test_imports_run_down_the_layers():
+    """Engine imports calibration, never the reverse (:data:`LAYERS`): a live engine profiles itself
+    with calibration's compositions and fit; calibration reads measurements, not engines."""
+    upward = upward_imports(import_graph())
+    assert not upward, "imports up the layers (importer -> imported):\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_planted_upward_imports(tmp_path):
+    """One under ``TYPE_CHECKING`` and one inside a function; the downward one passes."""
+    planted = tmp_path / "actions.py"
+    planted.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from chunkgym.parallel import parallel_map\n"
+        "if TYPE_CHECKING:\n"
+        "    from leaderboard.runs import RunSpec\n"
+        "def plan():\n"
+        "    import baselines.adaptive\n"
+    )
+    graph = import_graph()
+    graph["envs.actions"] = _imports(planted, "envs.actions", _modules())
+    assert upward_imports(graph) == ["envs.actions -> baselines.adaptive", "envs.actions -> leaderboard.runs"]

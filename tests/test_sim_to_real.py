@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from calibration.from_engine import cost_file, write
 from calibration.iterations import KNEES, Sample, default_grid, fit
 from chunkgym import REPO_ROOT
+from engine.calibrate import cost_file, write
 from engine.model import build_model
 from engine.replay import head, load_config, replay_trace, scheduler_overhead
 from engine.sim_to_real import compare, iteration_mape

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.needs_data(
     "azure_llm_2023", "mooncake", "sharegpt_lengths", "arxiv_lengths", "servegen"
 )
 
-# Row counts from /work/shared/data/README.md: every file row must become a request.
+# Row counts of the files data/sources.json pins by hash: every file row must become a request.
 ROWS = {
     "azure_conv": 19366,
     "azure_code": 8819,

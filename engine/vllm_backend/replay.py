@@ -162,7 +162,7 @@ class VllmServer:
     def time_scale(self, cost: CostModel) -> float:
         """How much longer this engine's steps take now than ``cost`` predicts: the median over the
         steps of serving :data:`WARMUP` once more of measured / predicted seconds.  vLLM's CPU steps
-        run up to ~20% faster or slower from one engine, or one window, to the next on a shared VM
+        run up to ~20% faster or slower from one engine, or one window, to the next on a shared machine
         (``step_speed_per_window`` of ``bench/sim_to_real_vllm.py``), while a profile is one number."""
         return statistics.median(
             seconds / cost.iteration_time(*step.composition()) for seconds, step in self.warm_up()

@@ -6,11 +6,11 @@
    so a slower machine serves the windows in the regime the load was chosen for;
 2. per policy, start vLLM with the chunkgym scheduler running it and replay every window of ``seeds``
    in real time (:mod:`engine.vllm_backend.replay`); the simulator serves the same windows with the
-   fitted profile.  With ``calibrate_speed`` (off by default), the engine times a few dozen steps
+   fitted profile.  With ``calibrate_speed``, the engine times a few dozen steps
    of known batches just before and just after each window (:meth:`VllmServer.time_scale`), and the
    simulator's clock runs that window at the mean of the two (measured / predicted step time), the
-   policies still planning with the profile; on the shared VMs measured, the two timings of one window
-   differed by up to 1.7x and the scaled simulator was further from vLLM (docs/vllm.md);
+   policies still planning with the profile.  Off by default: on a shared machine the two timings of
+   one window can differ by up to 1.7x, and the scaled simulator was further from vLLM (docs/vllm.md);
 3. compare (:func:`compare`): per-iteration latency MAPE (:func:`engine.sim_to_real.iteration_mape`:
    each vLLM step against the cost model's prediction for the batch vLLM ran, times the window's
    time scale; ``iteration_mape_profile``: against the profile alone), the relative errors
@@ -66,7 +66,7 @@ class SimToRealVllmConfig(VllmReplayConfig):
     # load_scale x reference_step_s / this machine's fitted time for it.  null: at load_scale as given
     reference_step_s: float | None = None
     # time the engine's speed before and after each window and run the simulator's clock at it
-    # (off: on the 2-vCPU VMs measured it made the simulator less accurate; docs/vllm.md)
+    # (off: in the measurements of docs/vllm.md it made the simulator less accurate)
     calibrate_speed: bool = False
     out: str = "outputs/sim_to_real_vllm"
 

@@ -1,7 +1,7 @@
 """A machine's speed from its fitted vLLM profile, and the bench load that keeps the regime it was chosen for.
 
-vLLM's CPU steps on 2-vCPU VMs of one cloud differ by up to ~2.8x (a 512-token prefill of
-``vllm_small``: 44.6 ms on one, 106 and 125.7 ms on two others), and a load fixed for the faster one puts every
+vLLM's CPU step times differ between machines of the same size (up to ~2.8x for a 512-token prefill
+of ``vllm_small`` on 2-vCPU machines; docs/vllm.md), and a load fixed for the faster one puts every
 policy deep in overload on the slower, where ``bench/sim_to_real_vllm.py`` no longer compares what it
 was designed to.  The load therefore moves with the speed the fitted profile measures, never with a
 result of the replays.  vLLM-free (pure arithmetic on a cost model), so tested in the default install.

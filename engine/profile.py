@@ -1,11 +1,11 @@
 """Our engine as a profiling source: time :meth:`engine.runner.ModelRunner.execute` on batch compositions.
 
-:func:`measure` times any :class:`~calibration.iterations.Composition` list on a fresh cache per
-composition; :func:`profile` times the calibration grid and returns the samples
-:func:`calibration.iterations.fit` takes (``python -m calibration.from_engine`` runs both).  Run as a
+:func:`measure` times any :class:`~calibration.iterations.Composition` list (as :func:`batch_items`)
+on a fresh cache per composition; :func:`profile` times the calibration grid and returns the samples
+:func:`calibration.iterations.fit` takes (``python -m engine.calibrate`` runs both).  Run as a
 command, it prints a latency probe of a few batches::
 
-    python -m calibration.sources.engine preset=small threads=2 repeats=20 csv=out.csv
+    python -m engine.profile preset=small threads=2 repeats=20 csv=out.csv
 
 Threads are set explicitly with ``torch.set_num_threads``; the probe's default is every CPU this
 process may use, since the engine is the only compute-heavy thread during a replay.
@@ -28,7 +28,7 @@ from chunkgym import resolve_path
 from chunkgym.cli import hydra_cli
 from engine.kv_cache import KVCache
 from engine.model import ModelConfig, build_model, preset, preset_names
-from engine.runner import ModelRunner
+from engine.runner import BatchItem, ModelRunner
 
 
 def default_compositions() -> list[Composition]:
@@ -47,6 +47,23 @@ def default_compositions() -> list[Composition]:
         )
     )
     return comps
+
+
+def batch_items(comp: Composition, block_size: int, vocab_size: int) -> tuple[list[BatchItem], int]:
+    """Our engine's batch items for ``comp`` over disjoint, consecutive blocks, and the number of blocks they use.
+
+    Block tables are synthetic and the cache may hold zeros: attention cost depends on how
+    many tokens are read, not on their values.
+    """
+    spans = [(c, q) for q, c in zip(comp.prefill_tokens, comp.prefill_context, strict=True)]
+    spans += [(c, 1) for c in comp.decode_contexts]
+    items, next_block = [], 0
+    for i, (start, n) in enumerate(spans):
+        blocks = -(-(start + n) // block_size)
+        tokens = [(7919 * (i + 1) + 31 * p) % vocab_size for p in range(start, start + n)]
+        items.append(BatchItem(i, tokens, start, range(next_block, next_block + blocks)))
+        next_block += blocks
+    return items, next_block
 
 
 def measure(
@@ -71,7 +88,7 @@ def measure(
     net = build_model(model, seed=seed, dtype=dtype, device=device)
     setups = []
     for comp in compositions:
-        items, num_blocks = comp.items(block_size, net.config.vocab_size)
+        items, num_blocks = batch_items(comp, block_size, net.config.vocab_size)
         cache = KVCache(net.config, num_blocks, block_size, net.embed.weight.dtype, device)
         setups.append((ModelRunner(net, cache), items))
     seconds: list[list[float]] = [[] for _ in setups]
@@ -141,7 +158,7 @@ def _cpu_name() -> str:
 
 @dataclass
 class ProbeOptions:
-    """``python -m calibration.sources.engine``: the latency probe's options."""
+    """``python -m engine.profile``: the latency probe's options."""
 
     preset: str = "small"  # an engine preset (engine/model.py)
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
@@ -188,7 +205,7 @@ def probe(opts: ProbeOptions) -> list[dict[str, object]]:
     return rows
 
 
-main = hydra_cli(ProbeOptions, name="calibration_engine_probe")(probe)
+main = hydra_cli(ProbeOptions, name="engine_profile")(probe)
 
 if __name__ == "__main__":
     main()

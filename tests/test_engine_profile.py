@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from calibration.iterations import Composition
-from calibration.sources.engine import ProbeOptions, default_compositions, measure, probe
 from chunkgym import REPO_ROOT
+from engine.profile import ProbeOptions, batch_items, default_compositions, measure, probe
 
 
-def test_composition_items_use_disjoint_blocks_and_the_stated_contexts():
+def test_batch_items_use_disjoint_blocks_and_the_stated_contexts():
     comp = Composition("mix", decode_contexts=(5, 9), prefill_tokens=(12,), prefill_context=(3,))
-    items, num_blocks = comp.items(block_size=4, vocab_size=50)
+    items, num_blocks = batch_items(comp, block_size=4, vocab_size=50)
     assert [(i.start, len(i.token_ids)) for i in items] == [(3, 12), (5, 1), (9, 1)]
     tables = [list(i.block_table) for i in items]
     assert [len(t) for t in tables] == [4, 2, 3]
@@ -39,7 +39,7 @@ def test_measure_reports_cost_model_arguments():
 def test_cli_writes_one_row_per_default_composition(tmp_path):
     out = tmp_path / "tiny.csv"
     args = ["preset=tiny", "threads=1", "repeats=1", "warmup=0", f"csv={out}"]
-    cmd = [sys.executable, "-m", "calibration.sources.engine", *args]
+    cmd = [sys.executable, "-m", "engine.profile", *args]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     with out.open() as f:
@@ -72,7 +72,7 @@ def test_bad_composition_is_named(kwargs, match):
 )
 @pytest.mark.slow
 def test_engine_calibration_names_bad_input_before_profiling(tmp_path, override, named):
-    cmd = [sys.executable, "-m", "calibration.from_engine", override, f"out={tmp_path}"]
+    cmd = [sys.executable, "-m", "engine.calibrate", override, f"out={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and named in proc.stderr
     assert not list(tmp_path.iterdir())

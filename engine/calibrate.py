@@ -1,14 +1,14 @@
 """Our engine's coefficient file: profile it on this machine, fit the cost model, write ``conf/cost``.
 
-    python -m calibration.from_engine          # conf/engine/cpu_replay.yaml -> conf/cost/cpu__engine_small__tp1.yaml
-    python -m calibration.from_engine replay=gpu_replay replay.hardware=h200 out=DIR
+    python -m engine.calibrate          # conf/engine/cpu_replay.yaml -> conf/cost/cpu__engine_small__tp1.yaml
+    python -m engine.calibrate replay=gpu_replay replay.hardware=h200 out=DIR
 
 ``replay`` picks a ``conf/engine`` file (model, hardware, device, threads and the replay slice);
 ``replay.KEY=VALUE`` overrides one of its keys.  Times the engine over the composition grid
-(:func:`calibration.sources.engine.profile`: median of round-robin repeats), fits the whole-iteration
+(:func:`engine.profile.profile`: median of round-robin repeats), fits the whole-iteration
 form (:func:`calibration.iterations.fit`), and writes a coefficient file in the format of
 :mod:`calibration.cost_files`, so ``ServingSetup.from_names(model, hardware)`` loads it like any GPU
-profile.  The scheduler's own per-iteration work (policy, core, batch building: ~0.1 ms on the dev VM),
+profile.  The scheduler's own per-iteration work (policy, core, batch building; docs/engine.md),
 which the profile's forward passes leave out, is measured in a 10-second real-time replay of another
 window and added to ``iter_fixed`` (:func:`calibrate`).
 """
@@ -27,17 +27,17 @@ from omegaconf import OmegaConf
 
 from calibration.cost_files import CostFile, write_cost_files
 from calibration.iterations import Fit, fit
-from calibration.sources.engine import machine, profile
 from chunkgym import REPO_ROOT, resolve_path
 from chunkgym.cli import hydra_cli
 from engine.model import LlamaModel
+from engine.profile import machine, profile
 from engine.replay import ReplayConfig, build, check, scheduler_overhead
 from envs.serving.cost_model import COST_DIR, CostParams
 from envs.serving.specs import load_model
 
 HEADER = (
     "# Cost-model coefficients of the real engine, measured on the machine named in `source`.\n"
-    "# Written by `python -m calibration.from_engine` (or bench/sim_to_real.py); do not edit. Times in seconds.\n"
+    "# Written by `python -m engine.calibrate` (or bench/sim_to_real.py); do not edit. Times in seconds.\n"
 )
 REPLAY_CONFIGS = REPO_ROOT / "conf" / "engine"
 """Each ``<name>.yaml`` here is a choice of the ``replay`` option (``replay=<name>``)."""
@@ -127,7 +127,7 @@ def calibrate(
 
 @dataclass
 class Options:
-    """``python -m calibration.from_engine``'s options."""
+    """``python -m engine.calibrate``'s options."""
 
     defaults: list[Any] = field(default_factory=lambda: ["_self_", {"replay": "cpu_replay"}])
     replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/engine file: replay=<name>
@@ -141,7 +141,7 @@ def run(opts: Options) -> Path:
     try:
         check(opts.replay)
     except (ValueError, TypeError) as exc:
-        raise SystemExit(f"python -m calibration.from_engine: error: {exc}") from exc
+        raise SystemExit(f"python -m engine.calibrate: error: {exc}") from exc
     done = calibrate(opts.replay, resolve_path(opts.out), opts.repeats, opts.warmup)
     print(
         f"{done.fit.points} compositions on {done.where}: in-sample MAPE {done.fit.in_sample_mape:.3f}, "
@@ -152,7 +152,7 @@ def run(opts: Options) -> Path:
 
 
 store_replay_configs()
-main = hydra_cli(Options, name="calibration_from_engine")(run)
+main = hydra_cli(Options, name="engine_calibrate")(run)
 
 if __name__ == "__main__":
     main()
