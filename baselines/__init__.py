@@ -7,6 +7,7 @@ from baselines.adaptive import Adaptive
 from baselines.fixed_chunk import FixedChunk
 from baselines.prefill_first import PrefillFirst
 from baselines.sarathi import Sarathi
+from baselines.vllm_v1 import VllmV1
 
 __chunkgym__ = True
-__all__ = ["Adaptive", "FixedChunk", "PrefillFirst", "Sarathi"]
+__all__ = ["Adaptive", "FixedChunk", "PrefillFirst", "Sarathi", "VllmV1"]

@@ -14,7 +14,7 @@ fitted as the published tables are, and written as ``<replay.hardware>__<profile
 with the default engine overhead profile.  Then, with ``sim_to_real=true``, the measurement of
 bench/sim_to_real.py (engine/sim_to_real.py) on the GPU: profiles the engine over the composition
 grid, replays the slice per policy in real time and in the simulator, and prints its JSON object
-last (about 5 more minutes on one H200).  ``replay`` picks the ``conf/engine`` file (default
+last (about 5 more minutes on one H200).  ``replay`` picks the ``conf/replay`` file (default
 ``gpu_replay``), ``replay.KEY=VALUE`` overrides one of its keys, and ``policies`` replaces the
 file's own list.  Tests run the ``smoke`` profile on the CPU; CI never needs a GPU.
 
@@ -62,7 +62,7 @@ class Options:
     """``bench/engine_gpu.py``'s options."""
 
     defaults: list[Any] = field(default_factory=lambda: ["_self_", {"replay": "gpu_replay"}])
-    replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/engine file: replay=<name>
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/replay file: replay=<name>
     policies: list[str] = field(default_factory=lambda: list(DEFAULT_POLICIES))  # replaces replay.policies
     out: str = "outputs/sim_to_real"  # the device profile, and the replay's profile, results and iterations
     repeats: int = 5  # profiling repeats per composition (median)

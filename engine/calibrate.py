@@ -1,9 +1,9 @@
 """Our engine's coefficient file: profile it on this machine, fit the cost model, write ``conf/cost``.
 
-    python -m engine.calibrate          # conf/engine/cpu_replay.yaml -> conf/cost/cpu__engine_small__tp1.yaml
+    python -m engine.calibrate          # conf/replay/cpu_replay.yaml -> conf/cost/cpu__engine_small__tp1.yaml
     python -m engine.calibrate replay=gpu_replay replay.hardware=h200 out=DIR
 
-``replay`` picks a ``conf/engine`` file (model, hardware, device, threads and the replay slice);
+``replay`` picks a ``conf/replay`` file (model, hardware, device, threads and the replay slice);
 ``replay.KEY=VALUE`` overrides one of its keys.  Times the engine over the composition grid
 (:func:`engine.profile.profile`: median of round-robin repeats), fits the whole-iteration
 form (:func:`calibration.iterations.fit`), and writes a coefficient file in the format of
@@ -39,12 +39,12 @@ HEADER = (
     "# Cost-model coefficients of the real engine, measured on the machine named in `source`.\n"
     "# Written by `python -m engine.calibrate` (or bench/sim_to_real.py); do not edit. Times in seconds.\n"
 )
-REPLAY_CONFIGS = REPO_ROOT / "conf" / "engine"
+REPLAY_CONFIGS = REPO_ROOT / "conf" / "replay"
 """Each ``<name>.yaml`` here is a choice of the ``replay`` option (``replay=<name>``)."""
 
 
 def store_replay_configs() -> None:
-    """Register ``conf/engine/*.yaml`` as the Hydra group ``replay``, each checked against :class:`ReplayConfig`."""
+    """Register ``conf/replay/*.yaml`` as the Hydra group ``replay``, each checked against :class:`ReplayConfig`."""
     store = ConfigStore.instance()
     for path in sorted(REPLAY_CONFIGS.glob("*.yaml")):
         node = OmegaConf.merge(OmegaConf.structured(ReplayConfig), OmegaConf.load(path))
@@ -130,7 +130,7 @@ class Options:
     """``python -m engine.calibrate``'s options."""
 
     defaults: list[Any] = field(default_factory=lambda: ["_self_", {"replay": "cpu_replay"}])
-    replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/engine file: replay=<name>
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # a conf/replay file: replay=<name>
     out: str = "conf/cost"  # where the coefficient file goes
     repeats: int = 5  # timed repeats per composition (median)
     warmup: int = 1

@@ -1,10 +1,10 @@
 """Replay a trace slice on the real engine in real time, and the same slice in the simulator.
 
-    python -m engine.replay                                    # conf/engine/cpu_replay.yaml as is
+    python -m engine.replay                                    # conf/replay/cpu_replay.yaml as is
     python -m engine.replay "policies=[sarathi_512,learned:PATH]" workload=azure_code seed=1 output_dir=DIR
-    python -m engine.replay config=conf/engine/my.yaml "backends=[engine,sim]"
+    python -m engine.replay config=conf/replay/my.yaml "backends=[engine,sim]"
 
-Options are :class:`ReplayConfig` fields, read from ``config`` (default ``conf/engine/cpu_replay.yaml``,
+Options are :class:`ReplayConfig` fields, read from ``config`` (default ``conf/replay/cpu_replay.yaml``,
 which documents the CPU settings) and overridden by ``KEY=VALUE`` arguments.  Per policy and backend
 one results row with exactly the columns of ``evaluate.py`` (built by
 :func:`leaderboard.runs.result_row`), ``backend`` ``engine`` or ``sim``, so a real row and a
@@ -53,7 +53,7 @@ from leaderboard.runs import RowResult, RunSpec, SetupKey, result_row
 from leaderboard.tables import write_csv, write_json
 from policies.registry import make_policy
 
-DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "cpu_replay.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "conf" / "replay" / "cpu_replay.yaml"
 CONFIG_NAME = "engine_replay"
 BACKENDS = ("engine", "sim")
 WARMUP = (
@@ -67,7 +67,7 @@ OVERHEAD_SPAN_S = 10.0
 
 @dataclass
 class ReplayConfig:
-    """One replay: which slice, which policies, which engine (see ``conf/engine/cpu_replay.yaml``)."""
+    """One replay: which slice, which policies, which engine (see ``conf/replay/cpu_replay.yaml``)."""
 
     policies: list[str] = field(default_factory=lambda: ["sarathi_512"])
     backends: list[str] = field(default_factory=lambda: ["engine"])

@@ -68,7 +68,7 @@ class WallClock:
 
     ``idle="spin"`` busy-waits, holding the core.  On a shared machine a process that sleeps loses its
     core to others, and its next iteration (always a prefill) then runs slower than back to back
-    (conf/engine/cpu_replay.yaml); spinning keeps the conditions the profile was measured in, at
+    (conf/replay/cpu_replay.yaml); spinning keeps the conditions the profile was measured in, at
     the price of one busy core for the replay.
     """
 

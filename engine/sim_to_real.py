@@ -10,8 +10,8 @@
    TTFT P50, TTFT P99 and TBT P99.  The headline numbers pool the iterations of all policies and
    take the worst policy's relative errors.
 
-Entry points: ``python bench/sim_to_real.py`` (CPU, ``conf/engine/cpu_replay.yaml``) and
-``python bench/engine_gpu.py`` (one GPU, ``conf/engine/gpu_replay.yaml``); both print one JSON
+Entry points: ``python bench/sim_to_real.py`` (CPU, ``conf/replay/cpu_replay.yaml``) and
+``python bench/engine_gpu.py`` (one GPU, ``conf/replay/gpu_replay.yaml``); both print one JSON
 object as their last line.
 """
 
@@ -46,7 +46,7 @@ CONFIG_NAME = "sim_to_real"
 
 @dataclass
 class SimToRealConfig(ReplayConfig):
-    """The replay slice (``config=PATH``, default ``conf/engine/cpu_replay.yaml``) and the profiling."""
+    """The replay slice (``config=PATH``, default ``conf/replay/cpu_replay.yaml``) and the profiling."""
 
     repeats: int = 5  # profiling repeats per composition (median)
     warmup: int = 1  # untimed repeats before them

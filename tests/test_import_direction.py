@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("baselines", "calibration", "chunkgym", "engine", "envs", "leaderboard", "policies")
+PACKAGES = ("advisor", "baselines", "calibration", "chunkgym", "engine", "envs", "leaderboard", "policies")
 SCRIPTS = ("bench",)
 """Folders of scripts (no package): walked as ``bench.<file>``."""
 INTERFACE = "envs.serving.scheduling"
@@ -24,9 +24,11 @@ LAYERS = {
     "policies": 3,  # learned policies, their training and teachers (which run baselines)
     "calibration": 4,  # measurements in, cost-model coefficients out: needs the cost model, no policy
     "leaderboard": 5,  # policies run in the simulator, and their result rows, tables and plots
+    "advisor": 5,  # an operator's traffic and SLO searched over an engine's knobs, in the simulator
     "engine": 6,  # real engines: profile themselves with calibration's fit, replay into leaderboard rows
     "train": 7,  # the scripts: nothing imports them
     "evaluate": 7,
+    "advise": 7,
     "bench": 7,
 }
 

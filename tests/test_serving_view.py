@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from baselines import Adaptive, FixedChunk, PrefillFirst, Sarathi
+from baselines import Adaptive, FixedChunk, PrefillFirst, Sarathi, VllmV1
 from envs.actions import ACTIONS_V1
 from envs.features import features_v0, features_v1, features_v4
 from envs.serving import Plan, Policy, Rule, ServingView, plan_budget
@@ -44,6 +44,8 @@ def _policies() -> list[Policy]:
         PrefillFirst(whole_prompts=True),
         PrefillFirst(max_batched_tokens=700, whole_prompts=False),
         FixedChunk(300),
+        VllmV1(1024, 128, True, True, 4),
+        VllmV1(131072, 256, enable_chunked_prefill=False),
     ]
 
 

@@ -9,7 +9,15 @@ import pytest
 
 from baselines import Sarathi
 from chunkgym.config import ConfigError
-from engine.vllm_backend.config import DEFAULT_COST, PluginConfig, cost_path, load_plugin, plugin_config
+from engine.vllm_backend.config import (
+    DEFAULT_COST,
+    SCHEDULER,
+    PluginConfig,
+    check_server,
+    cost_path,
+    load_plugin,
+    plugin_config,
+)
 from envs.serving.cost_model import COST_DIR
 
 
@@ -64,3 +72,41 @@ def test_cost_names_a_conf_file_or_a_path(tmp_path):
         load_plugin(PluginConfig(policy="fcfs", cost="nope"))
     with pytest.raises(ConfigError, match=r"chunkgym: unknown slo 'tight'"):
         load_plugin(PluginConfig(policy="fcfs", slo="tight"))
+
+
+def test_a_servers_flags_load_the_plugin_the_scheduler_will():
+    plugin = check_server(
+        SCHEDULER, {"chunkgym": {"policy": "sarathi_512", "cost": "cpu__vllm_small__tp1"}}, "fcfs", {}
+    )
+    assert plugin is not None and isinstance(plugin.policy, Sarathi) and plugin.policy.budget == 512
+    assert plugin.cost_model.description.startswith("cpu__vllm_small__tp1:")
+    from_env = check_server(SCHEDULER, {}, "fcfs", {"CHUNKGYM_POLICY": "sarathi_256"})
+    assert from_env is not None and from_env.policy.name == "sarathi_256"
+
+
+def test_flags_without_the_plugin_are_not_its_to_check():
+    assert check_server(None, {}, "priority", {"CHUNKGYM_POLICY": "nope"}) is None
+    assert check_server("mine.Scheduler", {"chunkgym": {"policy": "nope"}}, "priority", {}) is None
+
+
+@pytest.mark.parametrize(
+    ("scheduler_cls", "extra", "policy", "env", "match"),
+    [
+        (SCHEDULER, {"chunkgym": {"policy": "nope"}}, "fcfs", {}, r"policy='nope': unknown policy 'nope'"),
+        (SCHEDULER, {}, "fcfs", {"CHUNKGYM_POLICY": "nope"}, r"policy='nope': unknown policy 'nope'"),
+        (SCHEDULER, {}, "fcfs", {}, r"no policy named"),
+        (SCHEDULER, {"chunkgym": {"policy": "fcfs", "cost": "nope"}}, "fcfs", {}, r"cost='nope'"),
+        (
+            SCHEDULER,
+            {"chunkgym": {"policy": "fcfs"}},
+            "priority",
+            {},
+            r"--scheduling-policy priority: .* fcfs",
+        ),
+        (None, {"chunkgym": {"policy": "fcfs"}}, "fcfs", {}, r"no --scheduler-cls: add --scheduler-cls "),
+    ],
+)
+def test_bad_server_flags_fail_in_one_line(scheduler_cls, extra, policy, env, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        check_server(scheduler_cls, extra, policy, env)
+    assert "\n" not in str(err.value)

@@ -19,8 +19,8 @@ from engine.vllm_backend import llm, sim_to_real  # noqa: E402
 from engine.vllm_backend.replay import SCHEDULER, load_config, settings  # noqa: E402
 from envs.serving.specs import load_model  # noqa: E402
 
-GPU = REPO_ROOT / "conf" / "engine" / "vllm" / "gpu_vllm.yaml"
-GPU_BENCH = REPO_ROOT / "conf" / "engine" / "vllm" / "gpu_vllm_bench.yaml"
+GPU = REPO_ROOT / "conf" / "replay" / "vllm" / "gpu_vllm.yaml"
+GPU_BENCH = REPO_ROOT / "conf" / "replay" / "vllm" / "gpu_vllm_bench.yaml"
 
 
 def test_the_gpu_config_builds_cuda_engine_arguments():

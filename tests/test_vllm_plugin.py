@@ -17,6 +17,7 @@ pytest.importorskip(
 
 from baselines import Sarathi  # noqa: E402
 from envs.serving.scheduling import Policy  # noqa: E402
+from tests.models import tiny_llama  # noqa: E402
 
 SCHEDULER = "engine.vllm_backend.scheduler.ChunkgymScheduler"
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -25,22 +26,7 @@ MAX_BATCHED = 2048  # vLLM's step limit; every plan below is smaller, so the pla
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    shape = LlamaConfig(
-        vocab_size=512,
-        hidden_size=128,  # head_dim 64: the CPU attention kernels take 32 and up
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    path = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(shape).save_pretrained(path)
-    return path
+    return tiny_llama(tmp_path_factory.mktemp("tiny_llama"), 4096)
 
 
 def _llm(model_dir, policy: str):

@@ -183,7 +183,7 @@ def test_bench_smoke_run_prints_its_json(tmp_path, capsys, checkpoints):
 
     main(
         [
-            f"config={REPO_ROOT / 'conf/engine/vllm/cpu_vllm_smoke.yaml'}",
+            f"config={REPO_ROOT / 'conf/replay/vllm/cpu_vllm_smoke.yaml'}",
             f"out={tmp_path}",
             f"checkpoints={checkpoints}",
             "calibrate_speed=true",

@@ -38,7 +38,7 @@ def test_without_a_reference_the_load_is_as_given():
 
 def test_the_bench_reference_is_the_committed_profiles_probe_time():
     """cpu_vllm_bench.yaml's load was chosen on the machine of the committed profile: on it the load is unchanged."""
-    bench = yaml.safe_load((REPO_ROOT / "conf/engine/vllm/cpu_vllm_bench.yaml").read_text())
+    bench = yaml.safe_load((REPO_ROOT / "conf/replay/vllm/cpu_vllm_bench.yaml").read_text())
     committed = RooflineCostModel(read_cost_file(COST_DIR / "cpu__vllm_small__tp1.yaml")["params"])
     assert bench["reference_step_s"] == pytest.approx(probe_seconds(committed), rel=1e-3)
     load, speed = machine_load(bench["load_scale"], bench["reference_step_s"], committed)

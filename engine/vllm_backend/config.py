@@ -4,9 +4,11 @@
 --additional-config '{"chunkgym": {"policy": "sarathi_512", "slo": "strict", "cost": NAME}}'``:
 keys given there win over the environment (``CHUNKGYM_POLICY``, ``CHUNKGYM_SLO``,
 ``CHUNKGYM_COST``, ``CHUNKGYM_LOOKAHEAD``), which is for launchers that cannot pass JSON.
-Everything is checked when the engine starts, with one-line errors naming the key and value.
-The policy name goes through :func:`policies.registry.make_policy` (presets and exported
-policies only: nothing is unpickled, no name becomes code).
+Everything is checked when the engine starts, with one-line errors naming the key and value;
+:func:`check_server` runs the same checks on a server's flags before vLLM loads the model
+(``python -m engine.vllm_backend.serve``).  The policy name goes through
+:func:`policies.registry.make_policy` (presets and exported policies only: nothing is unpickled,
+no name becomes code).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ ENV_VARS = {
     "cost": "CHUNKGYM_COST",
     "lookahead": "CHUNKGYM_LOOKAHEAD",
 }
+SCHEDULER_MODULE = "engine.vllm_backend.scheduler"
+SCHEDULER = f"{SCHEDULER_MODULE}.ChunkgymScheduler"
+"""What ``--scheduler-cls`` names to run a chunkgym policy."""
 DEFAULT_COST = "cpu__engine_small__tp1"
 """The cost file used when none is named: the SLO bounds and the slack rules' estimates scale
 with it, so name the profile of the engine being served (``conf/cost/``)."""
@@ -96,3 +101,33 @@ def load_plugin(conf: PluginConfig) -> Plugin:
     except ValueError as exc:
         raise ConfigError(f"chunkgym: {exc}") from None
     return Plugin(policy, slo, cost_model, conf.lookahead)
+
+
+def check_server(
+    scheduler_cls: object,
+    additional_config: Any,
+    scheduling_policy: str = "fcfs",
+    environ: Mapping[str, str] = os.environ,
+) -> Plugin | None:
+    """The plug-in a server's flags would load, checked now; None when they name no chunkgym scheduler.
+
+    vLLM imports ``--scheduler-cls`` and builds it only after the model's weights are loaded, so a
+    bad setting would surface there, inside the engine core's tracebacks; this runs the scheduler's
+    own checks (:func:`plugin_config`, :func:`load_plugin`, the fcfs queue) on the flags instead.
+    A ``chunkgym`` section without the plug-in is refused too: no policy would run.  A scheduler
+    class from another module is not this plug-in's to check.
+    """
+    named = isinstance(scheduler_cls, str) and scheduler_cls.startswith(f"{SCHEDULER_MODULE}.")
+    if not named:
+        if scheduler_cls is None and isinstance(additional_config, Mapping) and SECTION in additional_config:
+            raise ConfigError(
+                f"vLLM additional_config[{SECTION!r}] is set but no --scheduler-cls: "
+                f"add --scheduler-cls {SCHEDULER} to run its policy"
+            )
+        return None
+    if scheduling_policy != "fcfs":
+        raise ConfigError(
+            f"--scheduling-policy {scheduling_policy}: chunkgym's scheduler orders the waiting queue itself "
+            "(run vLLM with --scheduling-policy fcfs)"
+        )
+    return load_plugin(plugin_config(additional_config, environ))

@@ -1,9 +1,10 @@
 """vLLM V1 in this process, offline: a seeded random-weight checkpoint, the engine, and what each step ran.
 
 Nothing is downloaded: :func:`checkpoint` writes a Llama-architecture checkpoint with the shapes of
-a ``conf/model`` file and seeded random weights (``transformers``), once per (model, seed).
+a ``conf/model`` file and seeded random weights (``transformers``), once per (model, seed), with a
+tokenizer for vLLM's server (:mod:`~engine.vllm_backend.model_folder`).
 :func:`start` builds ``vllm.LLMEngine`` on it in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-without a tokenizer, with synchronous scheduling (one ``step()`` is one iteration, the unit the
+without the tokenizer (it is fed token ids), with synchronous scheduling (one ``step()`` is one iteration, the unit the
 cost model prices) and prefix caching off (prompts are synthetic).  :class:`StepRecorder` wraps the
 scheduler's ``schedule`` so every step's batch is known in the cost model's terms: tokens
 scheduled per request and the tokens each already had in KV.
@@ -20,6 +21,7 @@ blocks (which must fit in it), so the simulator holds the same cache on either d
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
@@ -38,51 +40,22 @@ from vllm import EngineArgs, LLMEngine, SamplingParams, TokensPrompt  # noqa: E4
 from vllm.platforms import current_platform  # noqa: E402
 
 from engine.profile import machine as where  # noqa: E402
-from engine.vllm_backend import heap  # noqa: E402
+from engine.vllm_backend import heap, model_folder  # noqa: E402
+from engine.vllm_backend.model_folder import dtype_of  # noqa: E402
 from envs.serving.core import ServingConfig  # noqa: E402
-from envs.serving.specs import ModelSpec, load_model  # noqa: E402
+from envs.serving.specs import load_model  # noqa: E402
 
 VERSION: str = vllm.__version__
-DTYPES = {4: "float32", 2: "bfloat16"}
-"""``conf/model`` ``dtype_bytes`` -> the checkpoint's and vLLM's dtype."""
 DEVICES = ("cpu", "cuda")
 """What ``EngineSettings.device`` may name: the platform the installed vLLM build targets."""
 
 
 def checkpoint(model: str, seed: int, root: Path) -> Path:
-    """``root/<model>-seed<seed>``: a Llama checkpoint with ``model``'s shapes and seeded random weights.
+    """``root/<model>-seed<seed>``: :func:`~engine.vllm_backend.model_folder.write`'s folder (weights, tokenizer).
 
-    Written once (safetensors and a config JSON, nothing else); later calls reuse it.
+    Written once; later calls reuse it.
     """
-    spec = load_model(model)
-    path = root / f"{model}-seed{seed}"
-    if (path / "model.safetensors").is_file():
-        return path
-    import transformers  # the [vllm] extra's, absent from the default install
-
-    cfg = transformers.LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.ffn_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_context,
-        tie_word_embeddings=False,
-        torch_dtype=dtype_of(spec),
-    )
-    torch.manual_seed(seed)
-    net = transformers.LlamaForCausalLM(cfg).to(getattr(torch, dtype_of(spec)))
-    tmp = path.with_name(path.name + ".tmp")
-    net.save_pretrained(tmp, safe_serialization=True)
-    tmp.rename(path)
-    return path
-
-
-def dtype_of(spec: ModelSpec) -> str:
-    if spec.dtype_bytes not in DTYPES:
-        raise ValueError(f"model {spec.name}: dtype_bytes {spec.dtype_bytes} is not one of {sorted(DTYPES)}")
-    return DTYPES[spec.dtype_bytes]
+    return model_folder.write(model, seed, root / model_folder.folder_name(model, seed))
 
 
 @dataclass(frozen=True)
@@ -142,15 +115,16 @@ def engine_args(settings: EngineSettings, path: Path) -> EngineArgs:
     )
 
 
-def start(settings: EngineSettings, root: Path) -> LLMEngine:
-    """vLLM's engine on the checkpoint of ``settings.model`` (written under ``root`` if missing)."""
+def start(settings: EngineSettings, root: Path, **extra: Any) -> LLMEngine:
+    """vLLM's engine on the checkpoint of ``settings.model`` (written under ``root`` if missing);
+    ``extra``: engine arguments ``settings`` does not carry (vLLM's other scheduler knobs)."""
     check_device(settings)
     load_model(settings.model)  # a bad model name fails before a checkpoint is written
     path = checkpoint(settings.model, settings.weights_seed, root)
     torch.set_num_threads(settings.threads)
     if settings.device == "cpu" and settings.pin_heap:
         heap.pin_heap()
-    return LLMEngine.from_engine_args(engine_args(settings, path))
+    return LLMEngine.from_engine_args(dataclasses.replace(engine_args(settings, path), **extra))
 
 
 def scheduler(engine: LLMEngine) -> Any:

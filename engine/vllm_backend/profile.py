@@ -1,7 +1,7 @@
 """vLLM's cost profile: time its steps over the calibration grid, fit the cost model, write ``conf/cost``.
 
-    python -m engine.vllm_backend.profile                      # conf/engine/vllm/cpu_vllm.yaml -> conf/cost/cpu__vllm_small__tp1.yaml
-    python -m engine.vllm_backend.profile out=DIR repeats=3 config=conf/engine/my_vllm.yaml
+    python -m engine.vllm_backend.profile                      # conf/replay/vllm/cpu_vllm.yaml -> conf/cost/cpu__vllm_small__tp1.yaml
+    python -m engine.vllm_backend.profile out=DIR repeats=3 config=conf/replay/my_vllm.yaml
     python -m engine.vllm_backend.profile refit=outputs/vllm/profile.csv   # fit saved samples again, running no vLLM step
 
 Each composition of :func:`grid` (:func:`calibration.iterations.default_grid`: decodes x context,

@@ -1,6 +1,6 @@
 """Replay a trace slice on vLLM in real time, a chunkgym policy scheduling it; and in the simulator.
 
-    python -m engine.vllm_backend.replay                         # conf/engine/vllm/cpu_vllm.yaml as is
+    python -m engine.vllm_backend.replay                         # conf/replay/vllm/cpu_vllm.yaml as is
     python -m engine.vllm_backend.replay "policies=[sarathi_512,learned_vllm]" seed=1 "backends=[vllm,sim]"
 
 The slice is :mod:`engine.replay`'s (the workload's test window for ``seed`` at ``load_scale``,
@@ -53,7 +53,7 @@ from envs.serving.metrics import RequestOutcomes, request_summary
 from envs.serving.setup import ServingSetup
 from envs.serving.workloads.trace import Trace
 
-DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "conf" / "replay" / "vllm" / "cpu_vllm.yaml"
 CONFIG_NAME = "vllm_replay"
 SCHEDULER = "engine.vllm_backend.scheduler.ChunkgymScheduler"
 EXTRA_COLUMNS = {
@@ -71,7 +71,7 @@ WARMUP_AGE_S = 3600.0
 
 @dataclass
 class VllmReplayConfig(ReplayConfig):
-    """engine.replay's slice and policies; vLLM instead of our engine (see ``conf/engine/vllm/cpu_vllm.yaml``)."""
+    """engine.replay's slice and policies; vLLM instead of our engine (see ``conf/replay/vllm/cpu_vllm.yaml``)."""
 
     backends: list[str] = field(default_factory=lambda: ["vllm"])
     model: str = "vllm_small"

@@ -49,13 +49,13 @@ from engine.vllm_backend.replay import VllmReplayConfig, VllmServer, replay
 from engine.vllm_backend.speed import SPEED_PROBE, machine_load
 from envs.serving.cost_model import CostModel, RooflineCostModel
 
-DEFAULT_CONFIG = REPO_ROOT / "conf" / "engine" / "vllm" / "cpu_vllm_bench.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "conf" / "replay" / "vllm" / "cpu_vllm_bench.yaml"
 CONFIG_NAME = "sim_to_real_vllm"
 
 
 @dataclass
 class SimToRealVllmConfig(VllmReplayConfig):
-    """The slice (``config=PATH``, default ``conf/engine/vllm/cpu_vllm_bench.yaml``), its windows and the profiling."""
+    """The slice (``config=PATH``, default ``conf/replay/vllm/cpu_vllm_bench.yaml``), its windows and the profiling."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # test windows, each replayed per policy
     repeats: int = 5  # profiling repeats per composition (median)

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from chunkgym import backends
 from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
@@ -123,6 +124,15 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     return Probe(scale, proof.passed(core), early, core.n_good + core.n_bad, len(core.requests))
 
 
+class SearchQuery(Protocol):
+    """What :func:`speculative_search` needs of a search: its trace at a scale and its tolerance."""
+
+    @property
+    def rel_tol(self) -> float: ...
+
+    def trace_at(self, scale: float) -> Trace: ...
+
+
 @dataclass(frozen=True)
 class CapacityQuery:
     """One search: ``make_policy``'s capacity on one window of ``workload`` (or its whole split)."""
@@ -201,7 +211,7 @@ def measure_capacities(
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     runs = [ProbeRun(q.setup, q.make_policy, q.criterion, early_stop) for q in queries]
     if parallel == 1:
-        return [q.capacity(*_sequential(q, run)) for q, run in zip(queries, runs, strict=True)]
+        return [q.capacity(*sequential_search(q, run)) for q, run in zip(queries, runs, strict=True)]
     if executor is None:
         with backends.executor("local", parallel) as pool:
             found = speculative_search(queries, runs, pool, parallel, ahead=parallel)
@@ -210,7 +220,9 @@ def measure_capacities(
     return [q.capacity(*f) for q, f in zip(queries, found, strict=True)]
 
 
-def _sequential(query: CapacityQuery, run: ProbeRun) -> tuple[CapacityResult, dict[float, Probe]]:
+def sequential_search(
+    query: SearchQuery, run: Callable[[float, Trace], Probe]
+) -> tuple[CapacityResult, dict[float, Probe]]:
     """The reference search: :func:`metrics.capacity_search`, one probe at a time."""
     probes: dict[float, Probe] = {}
 
@@ -222,11 +234,12 @@ def _sequential(query: CapacityQuery, run: ProbeRun) -> tuple[CapacityResult, di
 
 
 def speculative_search(
-    queries: Sequence[CapacityQuery],
+    queries: Sequence[SearchQuery],
     runs: Sequence[Callable[[float, Trace], Probe]],
     executor: Executor,
     width: int,
     ahead: int = 0,
+    known: Sequence[dict[float, Probe]] | None = None,
 ) -> list[tuple[CapacityResult, dict[float, Probe]]]:
     """:func:`metrics.capacity_search` for each query with up to ``width`` probes in flight.
 
@@ -242,8 +255,9 @@ def speculative_search(
     searches' next probes (never speculative ones), so that a long search's next probe, sent
     when its last one ends, waits behind little.  Probes pending when the search ends are
     cancelled (a process pool drops the queued ones; Ray also stops the running ones).
+    ``known``: probes each search already has (by scale), which it follows without running again.
     """
-    done: list[dict[float, Probe]] = [{} for _ in queries]
+    done: list[dict[float, Probe]] = [dict(k) for k in known] if known is not None else [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
     running: dict[tuple[int, float], Future[Probe]] = {}
     buffered: set[tuple[int, float]] = set()  # those of them submitted as the buffer (``ahead``)

@@ -369,9 +369,20 @@ class ServingLoop:
     def result(self, wall_s: float = math.nan) -> SimResult:
         """The run so far: per-request outcomes, per-iteration records, system metrics."""
         core = self.core
+        times = core.token_times
+        outcomes = self.outcomes()
+        it = self.log.arrays()
+        metrics = request_summary(outcomes, self.span_s)
+        metrics.update(iteration_summary(it, core.kv.total, outcomes))
+        metrics["sim_wall_s"] = wall_s
+        return SimResult(outcomes, it, metrics, times)
+
+    def outcomes(self) -> RequestOutcomes:
+        """Every request's outcome so far, from the core alone (no iteration log needed)."""
+        core = self.core
         reqs = core.requests
         times = core.token_times
-        outcomes = RequestOutcomes.from_token_times(
+        return RequestOutcomes.from_token_times(
             arrival=[r.arrival for r in reqs],
             prompt_len=[r.prompt_len for r in reqs],
             output_len=[r.output_len for r in reqs],
@@ -383,11 +394,6 @@ class ServingLoop:
             prefix_hit=[r.prefix_hit for r in reqs],
             preemptions=[r.preemptions for r in reqs],
         )
-        it = self.log.arrays()
-        metrics = request_summary(outcomes, self.span_s)
-        metrics.update(iteration_summary(it, core.kv.total, outcomes))
-        metrics["sim_wall_s"] = wall_s
-        return SimResult(outcomes, it, metrics, times)
 
 
 def iteration_summary(it: dict[str, np.ndarray], kv_total: int, out: RequestOutcomes) -> dict[str, float]:

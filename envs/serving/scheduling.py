@@ -11,7 +11,7 @@ directly (no copies, nothing per iteration), and any other scheduler state (a vL
 plugin's, say) can implement it to run the same policies.
 
 :func:`plan_budget` is the shared planner: Sarathi-Serve with budget B, the learned
-policy choosing B every step, and the ``adaptive`` heuristic all call it.  Every
+policy choosing B every step, the ``adaptive`` heuristic and vLLM V1 under its knobs all call it.  Every
 running decode is served first and counts against the budget (if decodes alone fill
 it, no prefill runs); the rest goes to prefill chunks in the order of an allocation
 :class:`Rule`, limited by free KV blocks and the batch-slot limit.  Work is sized by
@@ -345,12 +345,24 @@ def plan_budget(
     rule: Rule = Rule.FCFS,
     with_decodes: bool = True,
     admission: Admission = Admission.SKIP,
+    *,
+    chunk_cap: int = 0,
+    whole_chunks: bool = False,
+    free_slots: int | None = None,
 ) -> Plan:
     """The shared planner: all decodes, then prefill chunks by ``rule`` within ``budget`` tokens.
 
     With ``with_decodes=False`` the decodes wait this iteration and the whole budget
     goes to prefill (prefill-first engines).  ``admission`` decides whether a waiting prompt
     that cannot start blocks the ones after it in ``rule``'s order (see :class:`Admission`).
+
+    The keywords are engine knobs (vLLM V1's, ``baselines/vllm_v1.py``); their defaults change
+    nothing.  ``chunk_cap``: the most prefill tokens one prompt gets this iteration, 0 for no cap
+    (``long_prefill_token_threshold``).  ``whole_chunks``: a prompt not yet started gets its
+    chunk (its remaining prompt, or ``chunk_cap`` if smaller) whole or not at all; one whose chunk
+    exceeds the tokens left cannot start, as one without KV room (``enable_chunked_prefill``
+    off).  ``free_slots``: the batch slots new prompts may take, in place of the view's (an
+    admission cap below ``max_num_seqs``: ``max_num_active_seqs``).
     """
     n_dec = view.num_decode if with_decodes else 0
     left = budget - n_dec
@@ -359,7 +371,7 @@ def plan_budget(
         return plan
     bs = view.block_size
     free = view.free_blocks
-    slots = view.free_slots
+    slots = view.free_slots if free_slots is None else free_slots
     stop = admission is Admission.STOP
     admitting = True
     for req in rule_order(view, rule):
@@ -370,7 +382,15 @@ def plan_budget(
             if stop and not running:
                 admitting = False  # it ends admission: the prompts behind it wait
             continue
-        n = min(req.target - req.computed, left)
+        n = req.target - req.computed
+        if chunk_cap and n > chunk_cap:
+            n = chunk_cap
+        if n > left:
+            if whole_chunks and not running:
+                if stop:
+                    admitting = False
+                continue
+            n = left
         need = blocks_needed(bs, req, n)
         if need > free:  # a running prompt: the chunk that fits
             n = tokens_fitting(bs, req, free)
@@ -386,7 +406,16 @@ def plan_budget(
         # Nothing runs, so the blocked prompt (which fits the empty cache: the core rejects any that
         # cannot) waits only on prefix blocks other queued prompts pin. vLLM pins none and would evict
         # them; chunkgym keeps them, so rather than idle, the next prompt that fits starts.
-        return plan_budget(view, budget, rule, with_decodes, Admission.SKIP)
+        return plan_budget(
+            view,
+            budget,
+            rule,
+            with_decodes,
+            Admission.SKIP,
+            chunk_cap=chunk_cap,
+            whole_chunks=whole_chunks,
+            free_slots=free_slots,
+        )
     return plan
 
 
