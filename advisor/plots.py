@@ -52,7 +52,8 @@ def capacity_by_knob(found: list[Found], recommended: Found | None, path: Path) 
         if family == "max_num_batched_tokens":  # chunkgym's policies pick their own budget: a level each
             plugins = [f for f in found if f.candidate.family == "plugin"]
             for f, color in zip(plugins, ("tab:green", "tab:purple", "tab:brown"), strict=False):
-                ax.axhline(f.rps, ls=":", color=color, label=f"{f.candidate.name}: {f.rps:.3g} req/s")
+                mark = " (recommended)" if f is recommended else ""
+                ax.axhline(f.rps, ls=":", color=color, label=f"{f.candidate.name}{mark}: {f.rps:.3g} req/s")
         if current in members:
             ax.plot(value(current), current.rps, "D", ms=8, color="black", label="current")
         if recommended is not None and recommended.candidate.family == family:
