@@ -31,7 +31,7 @@ from omegaconf import MISSING, DictConfig
 
 from advisor.diagnosis import diagnose, gap_target_ms, verdict
 from advisor.engines import ENGINES, Candidate, VllmKnobs, candidates, vllm_defaults
-from advisor.report import Advice, latency_table, markdown, pick
+from advisor.report import Advice, markdown, pick
 from advisor.search import Criterion, Found, at_rate, search
 from advisor.targets import parse_targets
 from advisor.traffic import Traffic, traffic_from
@@ -249,7 +249,7 @@ def _advice(
     advice = report.to_json()
     images: list[str] = []
     if conf.plots:
-        tables = [latency_table(r.outcomes) for r in runs]
+        tables = [c["at_current_rate"] for c in advice["candidates"]]  # computed once, for the JSON
         targets_ms = {t.key: t.ms for t in plan.criterion.targets}
         images = [
             plots.capacity_by_knob(found, rec, out / "capacity_by_knob.png").name,

@@ -141,14 +141,27 @@ class Advice:
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
         current = self.found[0]
-        rate = self.traffic.rate_at(1.0)
+        today = self.traffic.trace_at(1.0)
+        rate = len(today) / today.span_s
+        candidates = [
+            {
+                "name": f.candidate.name,
+                "family": f.candidate.family,
+                "flags": self.flags(f.candidate),
+                "capacity_rps": f.rps,
+                "capacity_scale": f.scale,
+                "bracket": [f.result.bracket[0], _json(f.result.bracket[1])],
+                "at_current_rate": latency_table(r.outcomes),
+            }
+            for f, r in zip(self.found, self.at_rate, strict=True)
+        ]
         closest = None
         if rec is None:
             ratios = [worst_ratio(r.outcomes, self.targets) if self.targets else 1 - r.outcomes.good.mean()
                       for r in self.at_rate]  # fmt: skip
             i = int(np.nanargmin(ratios)) if not np.all(np.isnan(ratios)) else 0
             closest = {"name": self.found[i].candidate.name, "worst_ratio_at_current_rate": _json(ratios[i]),
-                       "at_current_rate": latency_table(self.at_rate[i].outcomes)}  # fmt: skip
+                       "at_current_rate": candidates[i]["at_current_rate"]}  # fmt: skip
         return {
             "recommended": self.flags(rec.candidate) if rec else None,
             "recommended_name": rec.candidate.name if rec else None,
@@ -171,25 +184,14 @@ class Advice:
             "closest": closest,
             "traffic": {
                 "source": self.traffic.label,
-                "requests": len(self.traffic.trace_at(1.0)),
+                "requests": len(today),
                 "rejected": rejected(self.at_rate[0].outcomes),
                 "fields_used": list(self.traffic.fields_used),
                 "assumptions": list(self.traffic.assumptions),
             },
             "slo": {t.key: t.ms for t in self.targets}
             or {"preset": self.preset, "attainment": self.attainment},
-            "candidates": [
-                {
-                    "name": f.candidate.name,
-                    "family": f.candidate.family,
-                    "flags": self.flags(f.candidate),
-                    "capacity_rps": f.rps,
-                    "capacity_scale": f.scale,
-                    "bracket": [f.result.bracket[0], _json(f.result.bracket[1])],
-                    "at_current_rate": latency_table(r.outcomes),
-                }
-                for f, r in zip(self.found, self.at_rate, strict=True)
-            ],
+            "candidates": candidates,
             "advice_dir": self.advice_dir,
         }
 
