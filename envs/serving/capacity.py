@@ -41,8 +41,10 @@ from typing import Protocol
 from chunkgym import backends
 from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.early import Attain90Stop
+from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
+from envs.serving.routing import Router
 from envs.serving.scheduling import Policy, budget_planning
 from envs.serving.setup import ServingSetup
 from envs.serving.simulator import Simulator
@@ -88,6 +90,8 @@ class ProbeRun:
     make_policy: Callable[[], Policy]
     criterion: str
     early_stop: bool
+    fleet: FleetSpec = ONE_SERVER
+    make_router: Callable[[], Router] | None = None  # for fleets of more than one server
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
@@ -96,6 +100,8 @@ class ProbeRun:
         return replace(probe, seconds=time.process_time() - start)
 
     def _run(self, scale: float, trace: Trace) -> Probe:
+        if self.fleet.servers > 1:
+            return self._run_fleet(scale, trace)
         sim = self.setup.simulator(trace)
         core = sim.core
         if not self.early_stop:
@@ -104,6 +110,28 @@ class ProbeRun:
             return _decide(sim, self.make_policy(), Attain90Stop.for_requests(len(trace)), scale)
         result = sim.run(self.make_policy())
         decided = core.n_good + core.n_bad
+        if self.criterion == "attain90":
+            passed = attain90(result.metrics)
+        else:
+            passed = tbt_criterion(result.metrics, self.setup.slo.tpot_s)
+        return Probe(scale, passed, False, decided, len(trace))
+
+    def _run_fleet(self, scale: float, trace: Trace) -> Probe:
+        """:meth:`_run` on a fleet of ``fleet.replicas`` servers, its SLO counts summed over them."""
+        assert self.make_router is not None, "a fleet of more than one server needs a router"
+        fleet = self.setup.fleet(trace, self.fleet.replicas, self.make_policy, self.make_router())
+        if not self.early_stop:
+            fleet.set_shortcuts(NO_SHORTCUTS)
+        elif self.criterion == "attain90":
+            proof = Attain90Stop.for_requests(len(trace))
+            fleet.set_log(UnrecordedLog)
+            fleet.set_shortcuts(PROBE_SHORTCUTS)
+            stop = fleet.count_stop(proof.good, proof.bad)
+            early = fleet.run_until(stop)
+            assert stop(), "a finished run has every request known good or bad"
+            return Probe(scale, fleet.n_good >= proof.good, early, fleet.n_good + fleet.n_bad, len(trace))
+        result = fleet.run()
+        decided = fleet.n_good + fleet.n_bad
         if self.criterion == "attain90":
             passed = attain90(result.metrics)
         else:
@@ -146,6 +174,8 @@ class CapacityQuery:
     window_s: float | None = None
     rel_tol: float = 0.01
     whole_split: bool = False
+    fleet: FleetSpec = ONE_SERVER
+    make_router: Callable[[], Router] | None = None
 
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
@@ -178,16 +208,29 @@ def measure_capacity(
     early_stop: bool = True,
     parallel: int = 1,
     executor: Executor | None = None,
+    fleet: FleetSpec = ONE_SERVER,
+    make_router: Callable[[], Router] | None = None,
 ) -> Capacity:
     """Search the load scale for ``criterion`` on one window (or the whole split).
 
     ``make_policy`` builds a fresh policy per probe, so stateful policies start clean (with
     ``parallel > 1`` it must pickle: a registry name in ``functools.partial``, not a lambda).
     ``rps`` is the request rate at the found scale: requests / span of the scaled window.
-    ``early_stop`` and ``parallel``: see :func:`measure_capacities`.
+    ``early_stop`` and ``parallel``: see :func:`measure_capacities`.  ``fleet``: servers behind
+    ``make_router()``'s router, each scheduling with its own ``make_policy()`` (the fleet's capacity).
     """
     query = CapacityQuery(
-        setup, workload, make_policy, criterion, split, seed, window_s, rel_tol, whole_split
+        setup,
+        workload,
+        make_policy,
+        criterion,
+        split,
+        seed,
+        window_s,
+        rel_tol,
+        whole_split,
+        fleet,
+        make_router,
     )
     return measure_capacities([query], early_stop, parallel, executor)[0]
 
@@ -209,7 +252,9 @@ def measure_capacities(
     """
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
-    runs = [ProbeRun(q.setup, q.make_policy, q.criterion, early_stop) for q in queries]
+    runs = [
+        ProbeRun(q.setup, q.make_policy, q.criterion, early_stop, q.fleet, q.make_router) for q in queries
+    ]
     if parallel == 1:
         return [q.capacity(*sequential_search(q, run)) for q, run in zip(queries, runs, strict=True)]
     if executor is None:

@@ -253,14 +253,13 @@ class ServingCore:
 
     def __init__(
         self,
-        requests: list[Request],
         kv: BlockManager,
         cost_model: CostModel,
         slo: SLO,
         config: ServingConfig,
         max_model_len: int,
     ) -> None:
-        self.requests = requests  # every request of the run, in arrival order
+        self.requests: list[Request] = []  # every request submitted to this server, in arrival order
         self.kv = kv
         self.cost_model = cost_model
         self.slo = slo
@@ -270,6 +269,10 @@ class ServingCore:
         self.queue: list[Request] = []
         self.decode = DecodeGroup(kv.block_size, slo.tpot_s)
         self.next_arrival = 0  # index into requests of the next arrival not yet admitted
+        # No request is submitted with an arrival before this time that is not submitted already: a
+        # fleet sets it to its next arrival, which may come here, so that nothing (an idle wait, a
+        # fast-forwarded stretch) runs past it before the fleet has routed that arrival.
+        self.horizon = math.inf
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
         self._shortcuts = Shortcuts()
@@ -304,22 +307,18 @@ class ServingCore:
         slo: SLO,
         config: ServingConfig,
         tp: int = 1,
+        submit: bool = True,
     ) -> ServingCore:
         """A fresh core serving ``trace``, its KV cache sized from the model and the hardware
-        (unless ``config.num_blocks`` is set)."""
+        (unless ``config.num_blocks`` is set); ``submit=False``: empty, its prefix units the trace's."""
         num_blocks = config.num_blocks or (
             kv_capacity_tokens(model, hardware, tp, config.activation_reserve_gib) // config.block_size
         )
         kv = BlockManager(num_blocks, config.block_size, trace.hash_block_tokens)
-        # From Python numbers (tolist), the trace's values: a third of the time of numpy's, and the
-        # hash ids are read one by one as prompts are matched and published.
-        hashes = None if trace.hash_ids is None else [ids.tolist() for ids in trace.hash_ids]
-        columns = (np.asarray(c).tolist() for c in (trace.arrival_s, trace.prompt_len, trace.output_len))
-        requests = [
-            Request(i, float(a), int(p), int(o), None if hashes is None else hashes[i])
-            for i, (a, p, o) in enumerate(zip(*columns, strict=True))
-        ]
-        return cls(requests, kv, cost_model, slo, config, config.max_model_len or model.max_context)
+        core = cls(kv, cost_model, slo, config, config.max_model_len or model.max_context)
+        for req in requests_of(trace) if submit else ():
+            core.submit(req)
+        return core
 
     @property
     def shortcuts(self) -> Shortcuts:
@@ -410,6 +409,23 @@ class ServingCore:
         return self.cost_model.monotone
 
     # ---- arrivals ------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Hand this server a request: the only way one enters.  It is admitted at the first
+        iteration start at or after its arrival (at once if that has passed: a fleet routes an
+        arrival while a server is mid-iteration).  Submissions come in arrival order."""
+        reqs = self.requests
+        if reqs and req.arrival < reqs[-1].arrival:
+            raise ValueError(
+                f"request {req.rid} arrives at {req.arrival:.6f}s, before request {reqs[-1].rid} "
+                f"submitted earlier ({reqs[-1].arrival:.6f}s): submit in arrival order"
+            )
+        reqs.append(req)
+
+    @property
+    def pending(self) -> Sequence[Request]:
+        """Requests submitted but not yet admitted (their arrival is after the last iteration start)."""
+        return self.requests[self.next_arrival :]
+
     def admit_arrivals(self) -> None:
         reqs, i, now = self.requests, self.next_arrival, self.now
         while i < len(reqs) and reqs[i].arrival <= now:
@@ -428,8 +444,10 @@ class ServingCore:
         return math.inf
 
     def next_arrival_time(self) -> float:
+        """The next event that may bring work: the next submitted arrival, or the :attr:`horizon`."""
         i = self.next_arrival
-        return self.requests[i].arrival if i < len(self.requests) else math.inf
+        t = self.requests[i].arrival if i < len(self.requests) else math.inf
+        return t if t < self.horizon else self.horizon
 
     def _admit(self, req: Request) -> None:
         self.traffic.arrive(req.arrival, req.prompt_len)
@@ -477,11 +495,12 @@ class ServingCore:
     def advance_to_work(self, wait_until: Callable[[float], float]) -> bool:
         """Admit arrivals; when idle, let ``wait_until(t)`` move time to the next arrival ``t`` (it
         returns the time it is then: ``t`` on a virtual clock, possibly later on a wall clock).
-        False once the trace is done."""
+        False once no submitted request is left and the clock has reached the :attr:`horizon`
+        (the trace is done, or the fleet has to route its next arrival first)."""
         self.prepare()
         while not self.has_work():
             t = self.next_arrival_time()
-            if math.isinf(t):
+            if math.isinf(t) or t <= self.now:
                 return False
             self.now = wait_until(t)
             self.prepare()
@@ -813,6 +832,17 @@ class ServingCore:
         victim.seq = -self._preempt_seq
         self._match_prefix(victim)
         self.queue.insert(0, victim)
+
+
+def requests_of(trace: Trace) -> list[Request]:
+    """The trace's requests, ids in arrival order, as the core reads them: Python numbers (a third of
+    the time of numpy's), hash ids as lists, read one by one as prompts are matched and published."""
+    hashes = None if trace.hash_ids is None else [ids.tolist() for ids in trace.hash_ids]
+    columns = (np.asarray(c).tolist() for c in (trace.arrival_s, trace.prompt_len, trace.output_len))
+    return [
+        Request(i, float(a), int(p), int(o), None if hashes is None else hashes[i])
+        for i, (a, p, o) in enumerate(zip(*columns, strict=True))
+    ]
 
 
 def _start_order(req: Request) -> int:

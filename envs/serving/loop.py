@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from envs.serving.core import Batch, ServingCore
-from envs.serving.metrics import RequestOutcomes, request_summary
+from envs.serving.metrics import SLO, RequestOutcomes, request_summary
 from envs.serving.request import Request
 from envs.serving.scheduling import (
     ChunkFollower,
@@ -380,20 +380,24 @@ class ServingLoop:
     def outcomes(self) -> RequestOutcomes:
         """Every request's outcome so far, from the core alone (no iteration log needed)."""
         core = self.core
-        reqs = core.requests
-        times = core.token_times
-        return RequestOutcomes.from_token_times(
-            arrival=[r.arrival for r in reqs],
-            prompt_len=[r.prompt_len for r in reqs],
-            output_len=[r.output_len for r in reqs],
-            token_times=[times.get(r.rid) for r in reqs],
-            first_scheduled=[r.first_scheduled for r in reqs],
-            ttft_bound=[r.ttft_bound for r in reqs],
-            slo=core.slo,
-            reject_reason=[r.reject_reason for r in reqs],
-            prefix_hit=[r.prefix_hit for r in reqs],
-            preemptions=[r.preemptions for r in reqs],
-        )
+        return request_outcomes(core.requests, core.token_times, core.slo)
+
+
+def request_outcomes(reqs: Sequence[Request], times: dict[int, np.ndarray], slo: SLO) -> RequestOutcomes:
+    """The outcomes of ``reqs`` (in that order) from their state and the finished ones' token times,
+    whichever server served each."""
+    return RequestOutcomes.from_token_times(
+        arrival=[r.arrival for r in reqs],
+        prompt_len=[r.prompt_len for r in reqs],
+        output_len=[r.output_len for r in reqs],
+        token_times=[times.get(r.rid) for r in reqs],
+        first_scheduled=[r.first_scheduled for r in reqs],
+        ttft_bound=[r.ttft_bound for r in reqs],
+        slo=slo,
+        reject_reason=[r.reject_reason for r in reqs],
+        prefix_hit=[r.prefix_hit for r in reqs],
+        preemptions=[r.preemptions for r in reqs],
+    )
 
 
 def iteration_summary(it: dict[str, np.ndarray], kv_total: int, out: RequestOutcomes) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,10 @@ from chunkgym.config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, check, f
 from envs.serving.core import ServingConfig
 from envs.serving.cost_model import CostModel, RooflineCostModel, roofline_params
 from envs.serving.engine_overhead import DEFAULT_ENGINE_OVERHEAD
+from envs.serving.fleet import Fleet
 from envs.serving.metrics import SLO, SLOSpec, load_slo
+from envs.serving.routing import Router
+from envs.serving.scheduling import Policy
 from envs.serving.simulator import Simulator
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workloads.trace import Trace
@@ -121,6 +125,31 @@ class ServingSetup:
         check(slo, SLO_RULES, "", at="slo")
         cm = make_cost_model(model, hardware, tp, cost_model)
         return cls(model, hardware, tp, cm, slo.resolve(cm), serving_config(serving), cost_model)
+
+    def fleet(
+        self,
+        trace: Trace,
+        replicas: int,
+        make_policy: Callable[[], Policy],
+        router: Router,
+        seed: int = 0,
+    ) -> Fleet:
+        """``replicas`` simulated servers of this setup, each scheduling with its own ``make_policy()``,
+        behind ``router``, serving ``trace``."""
+        servers = [
+            Simulator(
+                trace,
+                self.model,
+                self.hardware,
+                self.cost_model,
+                self.slo,
+                self.config,
+                self.tp,
+                serve_trace=False,
+            )
+            for _ in range(replicas)
+        ]
+        return Fleet(trace, servers, [make_policy() for _ in range(replicas)], router, seed)
 
     def simulator(self, trace: Trace, time_scale: float = 1.0) -> Simulator:
         """A simulator serving ``trace``; ``time_scale``: see :class:`~envs.serving.simulator.CostModelClock`."""

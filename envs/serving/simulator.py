@@ -277,7 +277,9 @@ def _as_list(values: list[float] | list[int] | np.ndarray) -> list[float] | list
 
 class Simulator(ServingLoop):
     """Replays a trace through a policy on a simulated engine: :class:`ServingLoop` with a
-    :class:`CostModelClock`, plus :meth:`fork` for what-if rollouts."""
+    :class:`CostModelClock`, plus :meth:`fork` for what-if rollouts.  ``serve_trace=False``: the
+    core starts empty, a server of a :class:`~envs.serving.fleet.Fleet` (the trace then sizes the
+    prefix cache's units and gives the span)."""
 
     def __init__(
         self,
@@ -289,12 +291,14 @@ class Simulator(ServingLoop):
         config: ServingConfig | None = None,
         tp: int = 1,
         time_scale: float = 1.0,
+        serve_trace: bool = True,
     ) -> None:
         self.trace = trace
         self.config = config = config or ServingConfig()
         self.cost = cost_model
         self.slo = slo
-        core = ServingCore.for_trace(trace, model, hardware, cost_model, slo, config, tp)
+        # serve_trace=False: an empty server of a fleet, whose router submits the trace's requests.
+        core = ServingCore.for_trace(trace, model, hardware, cost_model, slo, config, tp, submit=serve_trace)
         # One cost model for the core's predictions and the clock: a plan's price is its latency
         # (times ``time_scale``, an engine's measured speed against the model; see CostModelClock).
         super().__init__(core, CostModelClock(cost_model, time_scale), trace.span_s)

@@ -1,0 +1,252 @@
+"""Servers behind a router: the clock across N serving loops, as Vidur's global scheduler keeps it.
+
+What a server owns: its queue, KV cache, decode group, clock and fast paths (a
+:class:`~envs.serving.loop.ServingLoop` with its own scheduling policy).  What the fleet owns: the
+arrivals (the trace, outside every server), the fleet-wide clock, the router and the SLO counts
+across servers.  Per arrival at time ``t``::
+
+    for each server with work:  server.core.horizon = t; server.run_until(policy, until_s=t)
+    k = router.route(request, views)       # every server is at its first iteration boundary >= t
+    servers[k].core.submit(request)
+
+A server runs until its first iteration boundary at or after ``t`` (or, idle, to ``t``), with its
+own fast-forwards and chunk stretches cut at ``t`` (its :attr:`~ServingCore.horizon`); the router
+then reads every server as of that boundary, which is at most one iteration past the arrival (an
+iteration is atomic, as in a real engine's step).  After the last arrival every server runs to
+the end.  One server behind any router serves exactly what the single-server loop serves: the
+same iterations at the same times (tested), since its stretches already end at every arrival.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.serving.core import Shortcuts, requests_of
+from envs.serving.loop import (
+    CountStop,
+    IterationLog,
+    ServingLoop,
+    SimResult,
+    iteration_summary,
+    request_outcomes,
+)
+from envs.serving.metrics import request_summary
+from envs.serving.routing import Router, ServerView
+from envs.serving.scheduling import Policy
+from envs.serving.workloads.trace import Trace
+
+LINKS = ("nvlink", "ib_400g", "ib_200g", "eth_25g")
+"""KV-transfer link kinds ``fleet.link`` names (used by prefill-decode disaggregation)."""
+MAX_SERVERS = 1024
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """The ``fleet`` schema: how many servers, behind which routers, in which roles.
+
+    ``replicas`` colocated servers (prefill and decode on each) behind ``router``; or, with
+    ``prefill`` > 0, ``prefill`` prefill servers and ``decode`` decode servers joined by ``link``
+    (prefill-decode disaggregation), the decode side routed by ``decode_router``.  The GPU count is
+    servers x tp.  One server (the default) is today's single-server run, whatever the router.
+    """
+
+    replicas: int = 1
+    router: str = "round_robin"
+    prefill: int = 0
+    decode: int = 0
+    link: str = "nvlink"
+    decode_router: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        for key in ("replicas", "prefill", "decode"):
+            value = getattr(self, key)
+            low = 1 if key == "replicas" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SERVERS:
+                raise ValueError(f"fleet.{key}={value!r}: an integer in {low}..{MAX_SERVERS}")
+        if self.link not in LINKS:
+            raise ValueError(f"fleet.link={self.link!r}: one of {', '.join(LINKS)}")
+        if (self.prefill > 0) != (self.decode > 0):
+            raise ValueError(
+                f"fleet.prefill={self.prefill} and fleet.decode={self.decode}: disaggregation needs both > 0 "
+                "(both 0: colocated servers)"
+            )
+        if self.prefill and self.replicas != 1:
+            raise ValueError(
+                f"fleet.prefill={self.prefill} with fleet.replicas={self.replicas}: a disaggregated fleet "
+                "sizes its pools with prefill and decode; leave replicas at 1"
+            )
+
+    @property
+    def servers(self) -> int:
+        return self.prefill + self.decode if self.prefill else self.replicas
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill > 0
+
+
+ONE_SERVER = FleetSpec()
+"""The default fleet: one server, today's single-server run."""
+
+
+@dataclass(frozen=True)
+class FleetCountStop(CountStop):
+    """:class:`CountStop` over every server's counts: true once the fleet's known-good requests reach
+    ``good`` or its known-bad ones ``bad``.  While one server runs, the others' counts stand still, so
+    the segment rule of :class:`CountStop` holds for the sums too."""
+
+    servers: tuple[ServingLoop, ...] = ()
+
+    def __call__(self) -> bool:
+        good = bad = 0
+        for s in self.servers:
+            good += s.core.n_good
+            bad += s.core.n_bad
+        return good >= self.good or bad >= self.bad
+
+
+class Fleet:
+    """N serving loops, one scheduling policy each, behind ``router``, serving ``trace``.
+
+    Args:
+        trace: every request of the run (arrivals come from here, never from a server).
+        servers: loops with empty cores (``Simulator(..., serve_trace=False)``), one per replica.
+        policies: each server's scheduling policy (a fresh object per server: policies keep state).
+        router: names the server of each arrival; its ``reset`` is called with ``seed``.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        servers: Sequence[ServingLoop],
+        policies: Sequence[Policy],
+        router: Router,
+        seed: int = 0,
+    ) -> None:
+        if not servers or len(servers) != len(policies):
+            raise ValueError(
+                f"a fleet needs >= 1 server and one policy per server, got {len(servers)} and {len(policies)}"
+            )
+        if any(s.core.requests for s in servers):
+            raise ValueError("fleet servers start empty: requests reach them only through the router")
+        self.trace = trace
+        self.servers = tuple(servers)
+        self.policies = tuple(policies)
+        self.router = router
+        self.seed = seed
+        self.requests = requests_of(trace)
+        self.next_arrival = 0  # index of the next request to route
+        self.views = tuple(ServerView(i, s.core) for i, s in enumerate(self.servers))
+        self._started = False
+
+    @property
+    def n_good(self) -> int:
+        return sum(s.core.n_good for s in self.servers)
+
+    @property
+    def n_bad(self) -> int:
+        return sum(s.core.n_bad for s in self.servers)
+
+    @property
+    def now(self) -> float:
+        """The fleet's clock: the next arrival to route (the end of the last iteration once all are)."""
+        if self.next_arrival < len(self.requests):
+            return self.requests[self.next_arrival].arrival
+        return max(s.core.now for s in self.servers)
+
+    def set_shortcuts(self, shortcuts: Shortcuts) -> None:
+        for s in self.servers:
+            s.core.shortcuts = shortcuts
+
+    def set_log(self, make_log: Callable[[], IterationLog]) -> None:
+        for s in self.servers:
+            s.log = make_log()
+
+    def count_stop(self, good: int, bad: int) -> FleetCountStop:
+        """A stop on the fleet's SLO counts (see :class:`FleetCountStop`)."""
+        return FleetCountStop(self.servers[0].core, good, bad, self.servers)
+
+    def start(self) -> None:
+        """Reset the policies and the router; called once, before the first arrival is routed."""
+        for server, policy in zip(self.servers, self.policies, strict=True):
+            policy.reset(server.view)
+        self.router.reset(len(self.servers), self.seed)
+        self._started = True
+
+    def advance_to(self, t: float, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
+        """Run every server with work to its first iteration boundary at or after ``t`` (idle ones
+        wait); True if ``stop()`` held first (the servers then stand where it held)."""
+        for server, policy in zip(self.servers, self.policies, strict=True):
+            core = server.core
+            if core.now >= t or not (core.queue or core.decode.n or core.next_arrival < len(core.requests)):
+                continue
+            core.horizon = t
+            if (
+                server.run_until(policy, stop=stop, until_s=t, fast_forward=fast_forward)
+                and stop is not None
+                and stop()
+            ):
+                return True
+        return False
+
+    def route_next(self) -> int:
+        """Route the next arrival (the servers stand at or after its time); the server it went to."""
+        req = self.requests[self.next_arrival]
+        k = self.router.route(req, self.views)
+        if not 0 <= k < len(self.servers):
+            raise ValueError(
+                f"router {self.router.name!r} sent request {req.rid} to server {k} of {len(self.servers)}"
+            )
+        self.servers[k].core.submit(req)
+        self.next_arrival += 1
+        return k
+
+    def run_until(self, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
+        """Route every arrival and serve to the end; True if ``stop()`` held first (checked between
+        a server's iterations, as :meth:`ServingLoop.run_until` does, so a fleet of one stops where
+        the single-server loop stops)."""
+        if not self._started:
+            self.start()
+        reqs = self.requests
+        while self.next_arrival < len(reqs):
+            if self.advance_to(reqs[self.next_arrival].arrival, stop, fast_forward):
+                return True
+            self.route_next()
+        for server, policy in zip(self.servers, self.policies, strict=True):
+            server.core.horizon = math.inf
+            if server.run_until(policy, stop=stop, fast_forward=fast_forward) and stop is not None and stop():
+                return True
+        return False
+
+    def run(self, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> SimResult:
+        """Serve the trace and summarise the run (see :meth:`result`)."""
+        wall = time.perf_counter()
+        stopped = self.run_until(stop, fast_forward)
+        result = self.result(time.perf_counter() - wall)
+        result.stopped = stopped
+        return result
+
+    def result(self, wall_s: float = math.nan) -> SimResult:
+        """Fleet-wide outcomes and metrics: the single-server ones over every request, iterations
+        summed, utilisation averaged over servers, plus the fleet's own columns."""
+        times: dict[int, np.ndarray] = {}
+        for s in self.servers:
+            times.update(s.core.token_times)
+        outcomes = request_outcomes(self.requests, times, self.servers[0].core.slo)
+        metrics = request_summary(outcomes, self.trace.span_s)
+        logs = [s.log.arrays() for s in self.servers]
+        order = np.argsort(np.concatenate([it["start"] for it in logs]), kind="stable")
+        merged = {k: np.concatenate([it[k] for it in logs])[order] for k in logs[0]}
+        metrics.update(iteration_summary(merged, self.servers[0].core.kv.total, outcomes))
+        metrics["busy_fraction"] /= len(self.servers)  # the mean over servers
+        served = np.array(
+            [sum(r.prompt_len + r.generated for r in s.core.finished) for s in self.servers], float
+        )
+        metrics["load_imbalance"] = float(served.max() / served.mean()) if served.sum() > 0 else math.nan
+        metrics["sim_wall_s"] = wall_s
+        return SimResult(outcomes, merged, metrics, times)
