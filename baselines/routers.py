@@ -31,6 +31,9 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import yaml
+
+from chunkgym import REPO_ROOT
 from envs.serving.request import Request
 from envs.serving.routing import ServerView
 
@@ -169,7 +172,11 @@ class LlmdDefault:
     name = "llmd_default"
 
     def __init__(
-        self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0, record_ttl_s: float = 120.0
+        self,
+        prefix_weight: float = 3.0,
+        queue_weight: float = 2.0,
+        kv_weight: float = 2.0,
+        record_ttl_s: float = 120.0,
     ) -> None:
         self.weights = (prefix_weight, queue_weight, kv_weight)
         self.record_ttl_s = record_ttl_s
@@ -206,18 +213,26 @@ class LlmdDefault:
         return best
 
 
-ROUTERS = {
+RouterBaseline = (
+    RoundRobin | LeastRequests | LeastOutstandingTokens | PowerOfTwo | PrefixAffinity | LlmdDefault
+)
+ROUTERS: dict[str, type[RouterBaseline]] = {
     cls.name: cls
     for cls in (RoundRobin, LeastRequests, LeastOutstandingTokens, PowerOfTwo, PrefixAffinity, LlmdDefault)
 }
-"""Every router baseline by name (``fleet.router=NAME``); presets with their arguments in conf/router/."""
+"""Every router baseline by kind; the presets in conf/router/ name a kind and its arguments."""
+ROUTER_DIR = REPO_ROOT / "conf" / "router"
 
 
-def make_router(
-    name: str,
-) -> RoundRobin | LeastRequests | LeastOutstandingTokens | PowerOfTwo | PrefixAffinity | LlmdDefault:
-    """A fresh router by name; one line listing the names otherwise."""
-    try:
-        return ROUTERS[name]()
-    except KeyError:
-        raise ValueError(f"fleet.router={name!r} is not a router; choose one of {sorted(ROUTERS)}") from None
+def router_names() -> list[str]:
+    """The presets ``fleet.router`` may name (conf/router/*.yaml)."""
+    return sorted(p.stem for p in ROUTER_DIR.glob("*.yaml"))
+
+
+def make_router(name: str) -> RouterBaseline:
+    """A fresh router from its preset in conf/router/ (trusted: part of the checkout); one line
+    listing the names otherwise."""
+    if name not in router_names():
+        raise ValueError(f"fleet.router={name!r} is not a router; choose one of {router_names()}")
+    preset = yaml.safe_load((ROUTER_DIR / f"{name}.yaml").read_text())
+    return ROUTERS[preset["kind"]](**preset.get("args") or {})

@@ -1,24 +1,30 @@
-"""Servers behind a router: the clock across N serving loops, as Vidur's global scheduler keeps it.
+r"""Servers behind a router: the clock across N serving loops, as Vidur's global scheduler keeps it.
 
 What a server owns: its queue, KV cache, decode group, clock and fast paths (a
 :class:`~envs.serving.loop.ServingLoop` with its own scheduling policy).  What the fleet owns: the
 arrivals (the trace, outside every server), the fleet-wide clock, the router and the SLO counts
 across servers.  Per arrival at time ``t``::
 
-    for each server with work:  server.core.horizon = t; server.run_until(policy, until_s=t)
-    k = router.route(request, views)       # every server is at its first iteration boundary >= t
+    k = router.route(request, views)       # a view reads its server as of t (see below)
     servers[k].core.submit(request)
 
-A server runs until its first iteration boundary at or after ``t`` (or, idle, to ``t``), with its
-own fast-forwards and chunk stretches cut at ``t`` (its :attr:`~ServingCore.horizon`); the router
-then reads every server as of that boundary, which is at most one iteration past the arrival (an
-iteration is atomic, as in a real engine's step).  After the last arrival every server runs to
-the end.  One server behind any router serves exactly what the single-server loop serves: the
-same iterations at the same times (tested), since its stretches already end at every arrival.
+A router reads servers through :class:`~envs.serving.routing.ServerView`\ s, and a view brings its
+server to ``t`` when read: the server runs to its first iteration boundary at or after ``t`` (or,
+idle, to ``t``), its own fast-forwards and chunk stretches cut at ``t`` (its
+:attr:`~envs.serving.core.ServingCore.horizon`), so the router sees it at most one iteration past
+the arrival (an iteration is atomic, as in a real engine's step).  Servers nobody reads run on only
+when read later or at the end, and a count (requests in flight, waiting, running) is read without
+running a server that provably changes none of them before ``t`` (decodes only, none finishing
+before ``t``, room for their KV): reading it after the run would give the same number.  So round
+robin, which reads nothing, costs what N independent servers cost, and a load-aware router runs
+only the servers whose counts may have moved.  After the last arrival every server runs to the end.
+One server behind any router serves exactly what the single-server loop serves: the same
+iterations at the same times (tested), since its stretches already end at every arrival.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +44,7 @@ from envs.serving.loop import (
 from envs.serving.metrics import request_summary
 from envs.serving.routing import Router, ServerView
 from envs.serving.scheduling import Policy
+from envs.serving.simulator import CostModelClock
 from envs.serving.workloads.trace import Trace
 
 LINKS = ("nvlink", "ib_400g", "ib_200g", "eth_25g")
@@ -141,7 +148,14 @@ class Fleet:
         self.seed = seed
         self.requests = requests_of(trace)
         self.next_arrival = 0  # index of the next request to route
-        self.views = tuple(ServerView(i, s.core) for i, s in enumerate(self.servers))
+        self.views = tuple(
+            ServerView(i, s.core, functools.partial(self._sync, i)) for i, s in enumerate(self.servers)
+        )
+        self._t = -math.inf  # the arrival being routed: views bring their servers to it
+        # Per server, a time before which its counts cannot change (settled_until), None: not known.
+        self._settled: list[float | None] = [None] * len(self.servers)
+        self._stop: Callable[[], bool] | None = None
+        self._fast_forward = True
         self._started = False
 
     @property
@@ -181,40 +195,57 @@ class Fleet:
     def advance_to(self, t: float, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
         """Run every server with work to its first iteration boundary at or after ``t`` (idle ones
         wait); True if ``stop()`` held first (the servers then stand where it held)."""
-        for server, policy in zip(self.servers, self.policies, strict=True):
-            core = server.core
-            if core.now >= t or not (core.queue or core.decode.n or core.next_arrival < len(core.requests)):
-                continue
-            core.horizon = t
-            if (
-                server.run_until(policy, stop=stop, until_s=t, fast_forward=fast_forward)
-                and stop is not None
-                and stop()
-            ):
-                return True
-        return False
+        return any(self._advance(i, t, stop, fast_forward) for i in range(len(self.servers)))
+
+    def _advance(self, i: int, t: float, stop: Callable[[], bool] | None, fast_forward: bool) -> bool:
+        """Run server ``i`` to its first iteration boundary at or after ``t``; True if ``stop()`` held."""
+        server, core = self.servers[i], self.servers[i].core
+        if core.now >= t or not (core.queue or core.decode.n or core.next_arrival < len(core.requests)):
+            return False
+        core.horizon = t
+        return server.run_until(self.policies[i], stop=stop, until_s=t, fast_forward=fast_forward) and (
+            stop is not None and stop()
+        )
+
+    def _sync(self, i: int, counts_only: bool) -> None:
+        """What a view of server ``i`` calls before it reads: bring the server to the arrival being
+        routed, unless only counts are read and none can change before it (:func:`counts_settled`)."""
+        t = self._t
+        if self.servers[i].core.now >= t:
+            return
+        if counts_only:
+            settled = self._settled[i]
+            if settled is None:
+                self._settled[i] = settled = settled_until(self.servers[i])
+            if t < settled:
+                return
+        self._settled[i] = None  # the server moves: its counts' horizon is computed again when asked
+        self._advance(i, t, self._stop, self._fast_forward)
 
     def route_next(self) -> int:
-        """Route the next arrival (the servers stand at or after its time); the server it went to."""
+        """Route the next arrival (views bring the servers the router reads to its time); the server
+        it went to."""
         req = self.requests[self.next_arrival]
+        self._t = req.arrival
         k = self.router.route(req, self.views)
         if not 0 <= k < len(self.servers):
             raise ValueError(
                 f"router {self.router.name!r} sent request {req.rid} to server {k} of {len(self.servers)}"
             )
         self.servers[k].core.submit(req)
+        self._settled[k] = -math.inf  # a request to admit: its counts move at its arrival
         self.next_arrival += 1
         return k
 
     def run_until(self, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
-        """Route every arrival and serve to the end; True if ``stop()`` held first (checked between
-        a server's iterations, as :meth:`ServingLoop.run_until` does, so a fleet of one stops where
-        the single-server loop stops)."""
+        """Route every arrival and serve to the end; True if ``stop()`` held first (asked between a
+        server's iterations, as :meth:`ServingLoop.run_until` asks it, and before each arrival)."""
         if not self._started:
             self.start()
+        self._stop, self._fast_forward = stop, fast_forward
         reqs = self.requests
         while self.next_arrival < len(reqs):
-            if self.advance_to(reqs[self.next_arrival].arrival, stop, fast_forward):
+            if stop is not None and stop():
                 return True
             self.route_next()
         for server, policy in zip(self.servers, self.policies, strict=True):
@@ -250,3 +281,27 @@ class Fleet:
         metrics["load_imbalance"] = float(served.max() / served.mean()) if served.sum() > 0 else math.nan
         metrics["sim_wall_s"] = wall_s
         return SimResult(outcomes, merged, metrics, times)
+
+
+def settled_until(server: ServingLoop) -> float:
+    """A time before which no request of ``server`` is admitted, rejected, finished or preempted
+    (-inf: none is known).  It holds when nothing is queued or routed and not yet admitted, and the
+    decodes (if any) run on a cost-model clock whose latencies never shrink as contexts grow: then
+    the next finish or KV shortage is at least that many decode iterations of today's latency away.
+    The counts a router reads stay as they are until then."""
+    core = server.core
+    if core.queue or core.next_arrival < len(core.requests):
+        return -math.inf
+    dec = core.decode
+    if not dec.n:
+        return math.inf  # idle: nothing happens until a request is routed here
+    clock = server.executor.chunk_clock
+    if not isinstance(clock, CostModelClock) or not core.latency_monotone:
+        return -math.inf
+    first = clock.cost.iteration_time(dec.n, dec.context_sum(dec.clock), (), ()) * clock.time_scale
+    if not first > 0:
+        return -math.inf
+    # Iterations that surely run without a change: before the next finish, and while every member's
+    # next block (one per block_size iterations each) fits in the free KV blocks.
+    quiet = min(dec.next_finish() - dec.clock, core.kv.free // dec.n * dec.bs) - 1
+    return core.now + quiet * first if quiet > 0 else -math.inf

@@ -9,7 +9,7 @@ routers; a learned router reads the same views through the routing env.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from envs.serving.core import ServingCore
@@ -17,38 +17,48 @@ from envs.serving.request import Request
 
 
 class ServerView:
-    """One server as a router may read it, at the fleet's current event.
+    """One server as a router may read it, at the arrival being routed.
 
     Counts include requests routed to the server that it has not yet admitted (routed while it
-    was mid-iteration), as a router's own bookkeeping would.
+    was mid-iteration), as a router's own bookkeeping would.  Each read first calls ``sync`` (the
+    fleet's: it brings the server to the arrival's time; ``True``: only counts are read, which may
+    not need it), so a router pays for the servers it reads.
     """
 
-    __slots__ = ("index", "_core")
+    __slots__ = ("index", "_core", "_sync")
 
-    def __init__(self, index: int, core: ServingCore) -> None:
+    def __init__(
+        self, index: int, core: ServingCore, sync: Callable[[bool], None] = lambda counts_only: None
+    ) -> None:
         self.index = index
         self._core = core
+        self._sync = sync
 
     @property
     def waiting(self) -> int:
         """Requests waiting for a prefill chunk: queued and not started, plus routed not yet admitted."""
+        self._sync(True)
         core = self._core
         return len(core.queue) - core.n_running_prefill + len(core.requests) - core.next_arrival
 
     @property
     def running(self) -> int:
         """Requests holding a batch slot: decoding or part-way through their prefill."""
+        self._sync(True)
         core = self._core
         return core.decode.n + core.n_running_prefill
 
     @property
     def in_flight(self) -> int:
         """Requests routed here and not finished or rejected (vLLM production stack's request count)."""
-        return self.waiting + self.running
+        self._sync(True)
+        core = self._core
+        return len(core.queue) + core.decode.n + len(core.requests) - core.next_arrival
 
     @property
     def outstanding_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: queued prompts' remainders and unadmitted prompts."""
+        self._sync(True)
         core = self._core
         queued = sum(r.target - r.computed for r in core.queue)
         return queued + sum(r.prompt_len for r in core.pending)
@@ -56,6 +66,7 @@ class ServerView:
     @property
     def kv_utilization(self) -> float:
         """Share of KV blocks in use (cached prefix blocks nobody holds count as free)."""
+        self._sync(False)
         kv = self._core.kv
         return kv.used / kv.total
 
@@ -72,6 +83,7 @@ class ServerView:
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` this server's prefix cache holds now (a read: the LRU is untouched)."""
+        self._sync(False)
         kv = self._core.kv
         if req.hash_ids is None or not kv.unit_tokens:
             return 0
@@ -80,6 +92,7 @@ class ServerView:
     @property
     def tokens_served(self) -> int:
         """Prompt and output tokens of the requests this server has finished."""
+        self._sync(True)
         return sum(r.prompt_len + r.generated for r in self._core.finished)
 
 
