@@ -37,9 +37,9 @@ from advisor.targets import parse_targets
 from advisor.traffic import Traffic, traffic_from
 from chunkgym import REPO_ROOT
 from chunkgym.backends import BACKENDS, executor, session
-from chunkgym.cli import precheck
-from chunkgym.config import POSITIVE, ConfigError, Rule, prefixed, schema, to_object
-from chunkgym.io import FolderLockedError, atomic_write_text, folder_lock
+from chunkgym.cli import fail, one_line_errors, precheck
+from chunkgym.config import POSITIVE, SEED, TP, Rule, prefixed, schema, to_object
+from chunkgym.io import atomic_write_text, folder_lock, refuse_links
 from chunkgym.parallel import default_jobs, parallel_map
 from envs.serving.core import ServingConfig
 from envs.serving.loop import SimResult
@@ -49,6 +49,9 @@ from envs.serving.specs import HardwareSpec, ModelSpec
 from envs.serving.workloads.spec import WorkloadSpec
 
 log = logging.getLogger("advise")
+
+OUTPUTS = ("advice.json", "advice.md", "capacity_by_knob.png", "bucket_tails.png", "worst_stalls.png")
+"""What advise.py writes into ``output_dir``: none of them may be a link planted there."""
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -123,7 +126,8 @@ RULES: dict[str, Rule] = {
     "engine": Rule(
         lambda v: v in ENGINES, f"one of {', '.join(ENGINES)} (SGLang's scheduler is not modelled)"
     ),
-    "tp": Rule(lambda v: isinstance(v, int) and 1 <= v <= 64, "an integer in [1, 64]"),
+    "tp": TP,
+    "seed": SEED,
     "rel_tol": Rule(lambda v: 1e-4 <= v < 1, "a relative tolerance in [1e-4, 1)"),
     "arrival_cv": POSITIVE,
     "duration_s": Rule(lambda v: 0 < v <= 86400, "seconds in (0, 86400]"),
@@ -286,22 +290,22 @@ def _cost_name(conf: AdviseConfig) -> str:
 
 # ---- entry point ---------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path="conf", config_name="advise")
+@one_line_errors(tool="advise.py")  # every known input error: one line, exit code 2
 def main(cfg: DictConfig) -> None:
     try:
         conf = to_object(cfg, AdviseConfig, "", RULES)
         plan = plan_of(conf)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"advise.py: error: {exc}") from None
+    except (ValueError, FileNotFoundError) as exc:
+        raise fail(exc, "advise.py") from None
     out = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        with folder_lock(out, "advise.py"), session(conf.backend, conf.n_jobs):
-            advise(conf, plan, out)
-    except FolderLockedError as exc:
-        raise SystemExit(f"advise.py: error: {exc}") from None
+    refuse_links(out, OUTPUTS)
+    # one advise.py per output folder: taken before Hydra wrote into it (precheck), held again here
+    with folder_lock(out, "advise.py"), session(conf.backend, conf.n_jobs):
+        advise(conf, plan, out)
 
 
 if __name__ == "__main__":
     precheck(
         str(REPO_ROOT / "conf"), "advise", AdviseConfig, RULES, plan_of
-    )  # bad input: one line, nothing written
+    )  # bad input: one line, exit code 2, nothing written
     main()

@@ -33,15 +33,17 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from baselines.routers import router_names
 from chunkgym import REPO_ROOT
 from chunkgym.backends import BACKENDS, session
-from chunkgym.cli import precheck
-from chunkgym.config import ConfigError, Rule, prefixed, schema, to_object
-from chunkgym.io import FolderLockedError, atomic_path, atomic_write_text, folder_lock
+from chunkgym.cli import fail, one_line_errors, precheck
+from chunkgym.config import LOAD_SCALE, SEED, TP, WINDOW_S, Rule, prefixed, schema, to_object
+from chunkgym.io import atomic_path, atomic_write_text, folder_lock, refuse_links
 from chunkgym.parallel import default_jobs, parallel_map
 from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
+from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.metrics import SLOSpec
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
@@ -60,7 +62,7 @@ from leaderboard.runs import (
     run_row,
     simulate,
 )
-from leaderboard.tables import markdown, ranking, read_rows, write_csv, write_json
+from leaderboard.tables import markdown, ranking, read_capacity, read_results, write_csv, write_json
 from leaderboard.validate import validate
 from policies.registry import make_policy, policy_names
 
@@ -70,6 +72,11 @@ ALL_POLICIES = "all"
 """In ``policies``: every policy (``policy_names()``: the baselines and the artefacts in policies/artifacts)."""
 MAX_REPORTED = 50
 """Differing values validation prints (it counts them all)."""
+OUTPUTS = (
+    "results.csv", "results.json", "buckets.csv", "capacity.csv", "leaderboard.md", "goodput_vs_load.png",
+    "tbt_cdf.png", "timeline_fcfs_vs_sarathi.png", "batch_composition.png", "wandb",
+)  # fmt: skip
+"""What evaluate.py writes into ``output_dir``: none of them may be a link planted there."""
 SHOWCASE_POLICIES = ("fcfs", "sarathi_512")
 """The stall picture's pair: the first is searched for a long prompt prefilled while another request streams."""
 
@@ -98,6 +105,7 @@ class EvaluateConfig:
     tp: int = 1  # tensor-parallel degree
     cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
     serving: ServingConfig = field(default_factory=ServingConfig)  # engine settings
+    fleet: FleetSpec = field(default_factory=FleetSpec)  # servers behind a router (docs/fleet.md)
     window_s: float | None = None  # window length (trace s) for named workloads; null: each one's own
     split: str = "test"  # named workloads' split: test (report) or val (model selection)
     capacity: bool = False  # also search each policy's capacity (both criteria) -> capacity.csv
@@ -115,15 +123,19 @@ class EvaluateConfig:
     output_dir: str = "outputs/evaluate/${now:%Y-%m-%d_%H-%M-%S}"
     validate: str | None = None  # a results.csv/json to rerun and check instead of evaluating
     results: str | None = None  # results.csv/json file(s) to render instead of evaluating (a glob pools them)
+    allow_paths: list[str] = field(
+        default_factory=list
+    )  # validate=: files the rows may read (file: traces, cost files)
 
 
 RULES: dict[str, Rule] = {
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
+    "tp": TP,
     "capacity_rel_tol": Rule(lambda v: 0 < v < 1, "a relative tolerance in (0, 1)"),
     "backend": Rule(lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
 }
-"""Ranges checked before anything runs (types are Hydra's; names and lists are checked by :func:`grid`)."""
+"""Ranges checked before anything runs (types are Hydra's; lists by :func:`check_values`, names by :func:`grid_of`)."""
 
 ConfigStore.instance().store(name="evaluate_schema", node=schema(EvaluateConfig))
 
@@ -137,34 +149,45 @@ class Grid:
     showcase: list[RunSpec]
 
 
-def grid_of(conf: EvaluateConfig) -> Grid:
-    """Resolve and check every name and value up front, so a typo fails before any simulation."""
-    policies = _unique("policies", _resolve_policies(conf.policies))
-    workloads = _unique("workloads", conf.workloads)
-    loads = _unique("load_scales", conf.load_scales)
-    seeds = _unique("seeds", [check_seed(s) for s in conf.seeds])
-    bad = [x for x in loads if not (x > 0 and math.isfinite(x))]
+def check_values(conf: EvaluateConfig) -> None:
+    """The grid's lists and values (no file or name looked up): before Hydra makes the output folder."""
+    _unique("load_scales", conf.load_scales)
+    _unique("seeds", conf.seeds)
+    bad = [x for x in conf.load_scales if not LOAD_SCALE.test(x)]
     if bad:
-        raise ValueError(f"load_scales must be positive numbers, got {bad}")
+        raise ValueError(f"load_scales must be positive numbers in [0.001, 1000], got {bad}")
+    seeds = [*conf.seeds, *([] if conf.showcase.seed is None else [conf.showcase.seed])]
+    bad = [s for s in seeds if not SEED.test(s)]
+    if bad:
+        raise ValueError(f"seeds must be {SEED.want}, got {bad}")
     unknown = sorted(set(conf.capacity_criteria) - set(CRITERIA))
     if unknown:
         raise ValueError(f"unknown capacity_criteria {unknown}; valid: {', '.join(CRITERIA)}")
     if conf.split not in REPORT_SPLITS:
         raise ValueError(f"split must be one of {', '.join(REPORT_SPLITS)}, got {conf.split!r}")
-    if conf.window_s is not None and not (conf.window_s > 0 and math.isfinite(conf.window_s)):
-        raise ValueError(f"window_s must be a positive number of seconds or null, got {conf.window_s}")
+    if not WINDOW_S.test(conf.window_s):
+        raise ValueError(f"window_s must be {WINDOW_S.want}, got {conf.window_s}")
     check_named(conf)
+
+
+def grid_of(conf: EvaluateConfig) -> Grid:
+    """Resolve and check every name and value up front, so a typo fails before any simulation."""
+    policies = _unique("policies", _resolve_policies(conf.policies))
+    workloads = _unique("workloads", conf.workloads)
+    check_values(conf)
+    loads, seeds = list(conf.load_scales), [check_seed(s) for s in conf.seeds]
     # after the option names and values: a missing data folder must not hide a typo
     _check_workloads([*workloads, *([conf.showcase.workload] if conf.showcase.workload else [])])
     setup = SetupKey.create(
         conf.model.name, conf.hardware.name, conf.tp, conf.slo, conf.cost_model, conf.serving
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
+    fleet = _fleet_of(conf.fleet)
     unseeded = {w for w in workloads if w.startswith(FILE_PREFIX) and not cached_workload(w).seeded_arrivals}
     for w in sorted(unseeded) if len(seeds) > 1 else []:
         log.warning("%s is used whole and its arrivals do not depend on the seed: seed %d only", w, seeds[0])
     specs = [
-        RunSpec(p, w, x, s, setup, conf.window_s, conf.split)
+        RunSpec(p, w, x, s, setup, conf.window_s, conf.split, fleet)
         for w in workloads
         for x in loads
         for p in policies
@@ -177,6 +200,20 @@ def grid_of(conf: EvaluateConfig) -> Grid:
         seeds[0] if show.seed is None else check_seed(show.seed),
     )
     return Grid(specs, [RunSpec(p, *window, setup, conf.window_s, conf.split) for p in SHOWCASE_POLICIES])
+
+
+def _fleet_of(fleet: FleetSpec) -> FleetSpec:
+    """The fleet checked: a router preset by name, colocated servers only (disaggregated pools are
+    not simulated yet), and at one server the default router (ignored there, so one-server rows stay
+    the rows made before fleets)."""
+    if fleet.router not in router_names():
+        raise ValueError(f"fleet.router={fleet.router!r} is not a router; choose one of {router_names()}")
+    if fleet.disaggregated:
+        raise ValueError(
+            f"fleet.prefill={fleet.prefill} fleet.decode={fleet.decode}: prefill-decode disaggregation "
+            "is not simulated by this version; use fleet.replicas"
+        )
+    return fleet if fleet.servers > 1 else ONE_SERVER
 
 
 def check_named(conf: EvaluateConfig) -> None:
@@ -276,6 +313,9 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
     rows = []
     for s in bases:
         row = {"policy": s.policy, "workload": s.workload, "seed": s.seed}
+        row.update(
+            fleet_replicas=s.fleet.replicas, fleet_router=s.fleet.router if s.fleet.servers > 1 else ""
+        )
         for criterion in CRITERIA:
             row[f"capacity_{criterion}_scale"], row[f"capacity_{criterion}_rps"] = (
                 next(found) if criterion in searched else (math.nan, math.nan)
@@ -314,21 +354,6 @@ def draw(
     return images
 
 
-def pooled_capacity(paths: list[str]) -> pd.DataFrame | None:
-    """The ``capacity.csv`` files beside ``paths`` (the runs' capacity searches), pooled; None if none."""
-    files = [c for c in (Path(p).with_name("capacity.csv") for p in paths) if c.is_file()]
-    if not files:
-        return None
-    frames = []
-    for f in files:
-        frame = pd.read_csv(f)
-        missing = sorted({"policy", "workload", "seed"} - set(frame.columns))
-        if missing:
-            raise ValueError(f"{f}: no column {', '.join(missing)}")
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
-
-
 def render(pattern: str, out: Path) -> str:
     """The leaderboard of existing results files (any backend), written to ``out/leaderboard.md``.
 
@@ -340,15 +365,10 @@ def render(pattern: str, out: Path) -> str:
     paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
     if not paths:
         raise ValueError(f"no results file matches {pattern}")
-    results = pd.concat(
-        [pd.DataFrame(read_rows(p)) if p.endswith(".json") else pd.read_csv(p) for p in paths]
-    )
-    if results.empty:
-        raise ValueError(f"{pattern}: holds no rows")
-    results = results.reset_index(drop=True)
+    results = read_results(paths)  # every row checked as a board reads it, each run once
     other = results["backend"] != BACKEND
     results.loc[other, "policy"] = results["policy"][other] + " [" + results["backend"][other] + "]"
-    board = markdown(results, ranking(results), pooled_capacity(paths))
+    board = markdown(results, ranking(results), read_capacity(paths))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "leaderboard.md", board)
     return board
@@ -361,21 +381,21 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+@one_line_errors(tool="evaluate.py")  # every known input error: one line, exit code 2
 def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        conf = to_object(cfg, EvaluateConfig, "", RULES)
-    except ConfigError as exc:
-        raise SystemExit(f"evaluate.py: error: {exc}") from None
+    conf = to_object(cfg, EvaluateConfig, "", RULES)
     if conf.validate:
         try:
             with session(conf.backend, conf.n_jobs):
-                rows, problems = validate(conf.validate, conf.n_jobs, conf.progress, conf.backend)
+                rows, problems = validate(
+                    conf.validate, conf.n_jobs, conf.progress, conf.backend, conf.allow_paths
+                )
         except ValueError as exc:
-            raise SystemExit(f"evaluate.py: error: {exc}") from exc
+            raise fail(exc, "evaluate.py") from None
         for problem in problems[:MAX_REPORTED]:
             print(problem, file=sys.stderr)
-        if problems:
+        if problems:  # exit code 1: values that do not reproduce (2 is a bad input)
             more = f" (first {MAX_REPORTED} shown)" if len(problems) > MAX_REPORTED else ""
             hint = (
                 "; config_hash differs, so the configuration changed"
@@ -388,26 +408,26 @@ def main(cfg: DictConfig) -> None:
         print(f"{conf.validate}: all {rows} rows reproduce")
         return
     out = Path(HydraConfig.get().runtime.output_dir)
+    refuse_links(out, OUTPUTS)
     if conf.results:
         try:
             with folder_lock(out, "evaluate.py"):
                 print(render(conf.results, out), end="")
-        except (ValueError, KeyError, FileNotFoundError, FolderLockedError) as exc:
-            raise SystemExit(f"evaluate.py: error: {conf.results}: {exc}") from exc
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            named = str(exc) if conf.results in str(exc) else f"{conf.results}: {exc}"  # the file, once
+            raise fail(named, "evaluate.py") from None
         return
     try:
         grid = grid_of(conf)
     except (ValueError, FileNotFoundError) as exc:  # a bad name, value or file: the message says which
-        raise SystemExit(f"evaluate.py: error: {exc}") from exc
-    try:  # one evaluate.py per output folder, taken once the arguments are known to be good
-        with folder_lock(out, "evaluate.py"), session(conf.backend, conf.n_jobs):  # one Ray connection
-            evaluate(conf, grid, out)
-    except FolderLockedError as exc:
-        raise SystemExit(f"evaluate.py: error: {exc}") from None
+        raise fail(exc, "evaluate.py") from None
+    # one evaluate.py per output folder: taken before Hydra wrote into it (precheck), held again here
+    with folder_lock(out, "evaluate.py"), session(conf.backend, conf.n_jobs):  # one Ray connection
+        evaluate(conf, grid, out)
 
 
 if __name__ == "__main__":
     precheck(
-        str(REPO_ROOT / "conf"), "evaluate", EvaluateConfig, RULES, check_named
-    )  # bad overrides: one line
+        str(REPO_ROOT / "conf"), "evaluate", EvaluateConfig, RULES, check_values
+    )  # bad overrides: one line, exit code 2, before Hydra writes into output_dir
     main()

@@ -28,14 +28,14 @@ from omegaconf import DictConfig
 from stable_baselines3.common.callbacks import CallbackList
 
 from chunkgym import REPO_ROOT
-from chunkgym.cli import precheck
-from chunkgym.config import ConfigError
-from chunkgym.data import exit_on
-from chunkgym.io import atomic_write_text
+from chunkgym.cli import one_line_errors, precheck
+from chunkgym.io import atomic_write_text, check_output_folder, lock_for_process
 from chunkgym.provenance import config_hash, git_commit
+from chunkgym.received import write_target
+from chunkgym.registration import ENV_ID_V5
 from chunkgym.tracking import TrainingTracker
 from envs.serving.workload import TraceError, Workload
-from policies import imitation, training
+from policies import imitation, router_training, training
 from policies.config import RULES, TrainConfig, plain, register_configs, to_train_config
 from policies.export import write_export
 from policies.registry import make_policy
@@ -45,24 +45,25 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
-@exit_on("train.py", TraceError)  # a missing or bad trace file: one line naming it and the fetch command
+@one_line_errors(TraceError, tool="train.py")  # bad input (config, trace, run folder): one line, exit 2
 def main(dcfg: DictConfig) -> None:
     started = time.perf_counter()
     # ---- config and run folder ------------------------------------------------------------
-    try:
-        cfg = to_train_config(dcfg)
-    except ConfigError as exc:  # a value out of range: one line naming the key, before any work
-        raise SystemExit(f"train.py: error: {exc}") from None
+    cfg = to_train_config(dcfg)  # a value out of range: one line naming the key, before any work
     config = plain(dcfg)
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
+    run_dir = check_output_folder(hydra_cfg.runtime.output_dir, "hydra.run.dir")  # -m jobs too
+    lock_for_process(run_dir, "train.py")  # one train.py per run folder (precheck took it for a single run)
     torch.set_num_threads(cfg.torch_threads)
+    if cfg.env.id == ENV_ID_V5:  # the routing env: a learned router (policies/router_training.py)
+        print(json.dumps(router_training.train(cfg, config, run_dir)), flush=True)
+        return
     previous = training.prepare_run_dir(run_dir, config, cfg.resume)  # checkpoints to resume from
     chash, commit = config_hash(training.identity(config)), git_commit()
     workload = Workload(cfg.workload, cfg.data_root)
     setup = training.serving_setup(cfg)
     spec = training.env_spec(cfg, setup)
-    atomic_write_text(run_dir / "env_spec.json", json.dumps(spec, indent=2) + "\n")
+    atomic_write_text(run_dir / "env_spec.json", json.dumps(spec, indent=2) + "\n", run_dir)
     exp = cfg.logger.name or f"{cfg.workload.name}_{cfg.algo.name.value}"
     name = f"{cfg.env.id}__{exp}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
     sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
@@ -91,7 +92,7 @@ def main(dcfg: DictConfig) -> None:
         if a.bc_teacher == "workload_best":  # one label per (workload, SLO): capacity searches, once
             table = imitation.workload_best(venv, level, a.bc_policies, a.bc_capacity_seeds, a.bc_margin)
             rows = [{"workload": w, "slo": slo, **row} for (w, slo), row in table.items()]
-            atomic_write_text(run_dir / "teacher_labels.json", json.dumps(rows, indent=2) + "\n")
+            atomic_write_text(run_dir / "teacher_labels.json", json.dumps(rows, indent=2) + "\n", run_dir)
             labels = {key: row["action"] for key, row in table.items()}
         teach = functools.partial(  # one teacher rollout; with student=, DAgger's
             imitation.collect,
@@ -180,7 +181,7 @@ def main(dcfg: DictConfig) -> None:
         "config_hash": chash,
         "git_commit": commit,
     }
-    export_dir = run_dir / "export"
+    export_dir = write_target(run_dir / "export", run_dir)  # not a link to elsewhere
     write_export(training.best_policy_net(cfg, run_dir, model), cfg.env.id, export_dir, provenance)
     tracker.log_model(export_dir, provenance)
     venv.close()
@@ -204,7 +205,7 @@ def main(dcfg: DictConfig) -> None:
         "config_hash": chash,
         "git_commit": commit,
     }
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n", run_dir)
     tracker.close(summary)
     log.info(
         "val goodput (%d windows, load %.2f): trained policy %.3f rps, %s %.3f rps",

@@ -37,6 +37,7 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from chunkgym.received import MiB, ReceivedFileError, read_bytes
 from envs.serving.workload import Workload, WorkloadSpec
 from envs.serving.workloads.files import Rows
 from envs.serving.workloads.renewal import Renewal, check_seed, rng_for
@@ -48,6 +49,8 @@ OUTPUT_METRIC = "vllm:request_generation_tokens"
 REQUESTS_METRIC = "vllm:request_success"
 """Family names as the parser reports them (a counter's family drops the ``_total`` suffix)."""
 INF_FACTOR = 2.0
+MAX_SCRAPE_BYTES = 16 * MiB
+"""A /metrics file's budget: vLLM's page is about 100 KB, and the parser holds about 13 bytes a byte."""
 """The ``+Inf`` bucket's lengths are drawn up to at most this times the largest finite bound."""
 
 
@@ -323,16 +326,18 @@ def _lengths(traffic: MetricsTraffic, seed: int, n: int) -> tuple[np.ndarray, np
 
 
 def _read_scrape(path: Path) -> _Scrape:
+    if not path.exists():
+        raise MetricsError(path, "file not found")
+    if path.is_dir():
+        raise MetricsError(path, "is a directory, not a /metrics text file")
+    try:  # a received file: regular (a FIFO is refused, not waited on) and within its budget
+        data = read_bytes(path, MAX_SCRAPE_BYTES)
+    except ReceivedFileError as exc:
+        raise MetricsError(path, exc.detail.removeprefix(f"{path}: ")) from None
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MetricsError(path, "file not found") from None
-    except IsADirectoryError:
-        raise MetricsError(path, "is a directory, not a /metrics text file") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise MetricsError(path, "not UTF-8 text (expected the Prometheus text of /metrics)") from None
-    except OSError as exc:
-        raise MetricsError(path, f"cannot read ({exc.strerror or exc})") from None
     try:
         families = {f.name: f for f in text_string_to_metric_families(text)}
     except (ValueError, TypeError, IndexError) as exc:

@@ -25,12 +25,12 @@ from advisor.targets import REQUEST_METRICS, Target, above, holds, samples
 from advisor.traffic import Traffic
 from chunkgym import backends
 from envs.serving.capacity import Probe, sequential_search, speculative_search
-from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS, ServingCore
-from envs.serving.loop import CountStop, SimResult, UnrecordedLog
+from envs.serving.core import ServingCore
+from envs.serving.loop import CountStop, SimResult
 from envs.serving.metrics import CapacityResult, RequestOutcomes
 from envs.serving.request import Request
-from envs.serving.scheduling import budget_planning
 from envs.serving.setup import ServingSetup
+from envs.serving.shortcuts import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.workloads.trace import Trace
 
 CHECKS_PER_RUN = 32
@@ -132,8 +132,7 @@ class TargetProbe:
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
-        with budget_planning(one_pass=self.fast):
-            probe = self._decide(scale, trace) if self.fast else self._full(scale, trace)
+        probe = self._decide(scale, trace) if self.fast else self._full(scale, trace)
         return Probe(scale, probe[0], probe[1], probe[2], len(trace), seconds=time.process_time() - start)
 
     def _full(self, scale: float, trace: Trace) -> tuple[bool, bool, int]:
@@ -145,7 +144,6 @@ class TargetProbe:
     def _decide(self, scale: float, trace: Trace) -> tuple[bool, bool, int]:
         sim = self.setup.simulator(trace)
         core = sim.core
-        sim.log = UnrecordedLog()
         core.shortcuts = PROBE_SHORTCUTS
         policy = self.candidate.build_policy()
         policy.reset(sim.view)

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from envs.serving.levels import BUDGET_LEVELS, adaptive_level, largest_fitting, latency_target_s
 from envs.serving.request import Request
-from envs.serving.scheduling import (
-    ChunkFollower,
-    Plan,
-    Policy,
-    Rule,
-    ServingView,
-    Steady,
-    SteadyFollower,
-    admission_named,
-    stretch_head,
-)
+from envs.serving.scheduling import Plan, Policy, Rule, ServingView, admission_named
+from envs.serving.stretches import ChunkFollower, FollowsChunks, Steady, SteadyFollower, stretch_head
 
 
-class Adaptive(Policy):
+class Adaptive(Policy, FollowsChunks):
     """Per iteration, the largest budget level whose plan the cost model predicts to finish
     within ``target_fraction`` x the SLO's TPOT bound, allocated by ``rule``.
 
@@ -54,7 +45,7 @@ class Adaptive(Policy):
 
     def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
         """:func:`adaptive_level`'s search on the plans that give the head alone each level's tokens
-        (what :func:`budget_plans` plans while a level's chunk is no more than the head's rest and
+        (what :func:`~envs.serving.budgets.budget_plans` plans while a level's chunk is no more than the head's rest and
         its KV room), priced alike.  With a :attr:`~envs.serving.cost_model.CostModel.monotone` cost
         model the search's answer is the largest level that fits, so the last answer is checked
         first (it fits and the next level does not; the latter is known without pricing while no

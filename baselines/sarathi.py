@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from envs.serving.scheduling import (
-    BudgetChunk,
-    ChunkFollower,
-    Plan,
-    Policy,
-    Rule,
-    ServingView,
-    admission_named,
-    plan_budget,
-    stretch_head,
-)
+from envs.serving.scheduling import Plan, Policy, Rule, ServingView, admission_named, plan_budget
+from envs.serving.stretches import BudgetChunk, ChunkFollower, FollowsChunks, stretch_head
 
 
-class Sarathi(Policy):
+class Sarathi(Policy, FollowsChunks):
     """Every decode, then ongoing partial prefills, then new prompts, within ``budget`` tokens.
 
     Decodes count against the budget, so an iteration's work (and a streaming user's
@@ -38,7 +29,7 @@ class Sarathi(Policy):
 
     def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
         """The head takes the budget left after the decodes (it is first in the order, and the
-        chunk, shorter than its rest, fits: :meth:`Policy.follow`'s conditions)."""
+        chunk, shorter than its rest, fits: the conditions of :meth:`FollowsChunks.follow`)."""
         if stretch_head(view, plan, self.rule) is None:
             return None
         return BudgetChunk(view, self.budget)

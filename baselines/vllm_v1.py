@@ -6,22 +6,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from envs.serving.scheduling import (
-    Admission,
+from envs.serving.scheduling import Admission, Plan, Policy, Rule, ServingView, plan_budget
+from envs.serving.stretches import (
     BudgetChunk,
     ChunkFollower,
-    Plan,
-    Policy,
-    Rule,
-    ServingView,
+    FollowsChunks,
     Steady,
     SteadyFollower,
-    plan_budget,
     stretch_head,
 )
 
 
-class VllmV1(Policy):
+class VllmV1(Policy, FollowsChunks):
     """``vllm.v1.core.sched.scheduler.Scheduler.schedule()`` with the flags of the same names.
 
     What vLLM does each step (``vllm/v1/core/sched/scheduler.py``; the knobs are

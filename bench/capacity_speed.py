@@ -3,13 +3,13 @@
 Grid: fcfs, sarathi_512, sarathi_2048, adaptive_srpf x azure_conv, azure_code,
 mooncake_conv; test split, seed 0, ``attain90``, default tolerance, default model and
 hardware, strict SLO.  Baseline: ``early_stop=False, parallel=1`` (the reference search:
-every probe runs to the end, with the core's shortcuts off and every budget level planned from
-scratch, and is judged on its summary); fast: probes decided from the SLO counters (stopped once
-proven, no iteration log, no summary, the core's shortcuts on: :data:`envs.serving.core.PROBE_SHORTCUTS`,
-chunk stretches included (a long prompt's middle chunks run without asking the policy, a segment
-up to the next event at a time),
-all budget levels of an iteration from one pass: :func:`envs.serving.scheduling.budget_plans`, whose plans carry
-their price to the clock) and the speculative search over ``--parallel`` worker processes (default: the
+every probe runs to the end with every shortcut off, :data:`envs.serving.shortcuts.NO_SHORTCUTS`,
+each budget level planned from scratch, and is judged on its summary); fast: probes decided from the SLO counters (stopped once
+proven, no iteration log, no summary, every shortcut on:
+:data:`envs.serving.shortcuts.PROBE_SHORTCUTS`, chunk stretches included (a long prompt's middle
+chunks run without asking the policy, a segment up to the next event at a time), and all budget
+levels of an iteration from one pass (:func:`envs.serving.budgets.budget_plans`, whose plans carry
+their price to the clock)) and the speculative search over ``--parallel`` worker processes (default: the
 cores this process may use), one pool shared by the whole grid, the slowest searches' probes first,
 with the quickest searches' next probes queued behind them (one per worker).
 

@@ -45,6 +45,25 @@ NON_NEGATIVE = Rule(lambda v: _finite(v) and v >= 0, "a finite number >= 0")
 AT_LEAST_ONE = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
 NON_EMPTY = Rule(lambda v: len(v) > 0, "a non-empty list")
 
+# Ranges of the numbers every tool shares: values past them are typos or attacks (1e20 GPUs, a
+# 1e-300 load, a window of centuries), never a setting anyone runs, and they cost unbounded time.
+MAX_SEED = 2**32 - 1  # numpy's SeedSequence words and SB3's seeding take 32-bit seeds
+TP = Rule(lambda v: _integer(v) and 1 <= v <= 64, "an integer in [1, 64]")
+LOAD_SCALE = Rule(lambda v: _finite(v) and 1e-3 <= v <= 1e3, "a finite load scale in [0.001, 1000]")
+WINDOW_S = Rule(
+    lambda v: v is None or (_finite(v) and 1 <= v <= 30 * 86400), "null or seconds in [1, 2592000] (30 days)"
+)
+SEED = Rule(lambda v: _integer(v) and 0 <= v <= MAX_SEED, f"an integer in [0, {MAX_SEED}]")
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def each(rule: Rule) -> Rule:
+    """``rule`` for every element of a list (``load_scales``, ``seeds``)."""
+    return Rule(lambda values: all(rule.test(v) for v in values), f"a list of which each is {rule.want}")
+
 
 def prefixed(prefix: str, rules: Mapping[str, Rule]) -> dict[str, Rule]:
     """``rules`` of a nested dataclass, keyed from the enclosing config's root."""

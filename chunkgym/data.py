@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from chunkgym import DATA_ENV_VAR, REPO_ROOT, SHIPPED_DATA, data_root
+from chunkgym.received import MiB, ReceivedFileError, read_bytes
 
 MANIFEST = REPO_ROOT / "data" / "sources.json"
 FETCH_COMMAND = "python -m chunkgym.data fetch"
@@ -52,6 +53,9 @@ class MissingDataFile(MissingDataError, FileNotFoundError):
 
 RAW_URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TIMEOUT_S = 60.0
+MAX_FILE_BYTES = 64 * MiB
+"""A pinned file (or an archive's members together) read from a mirror, a download or the data
+folder: 20 times the largest (3 MB); checked before reading, so a sparse or endless file is refused."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -134,9 +138,12 @@ def download(source: Source, file: DataFile, archive: str | None) -> bytes:
     url = source.url(file.upstream)
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-            return response.read()
+            data: bytes = response.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise DataError(f"{url}: download failed ({exc}); use --from DIR with a local mirror") from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise DataError(f"{url}: more than {MAX_FILE_BYTES} bytes; not the pinned file")
+    return data
 
 
 def from_mirror(mirror: Path) -> Getter:
@@ -145,11 +152,11 @@ def from_mirror(mirror: Path) -> Getter:
     def get(source: Source, file: DataFile, archive: str | None) -> bytes:
         upstream = mirror / source.repo / file.upstream
         if upstream.is_file():
-            return upstream.read_bytes()
+            return _read(upstream)
         if archive is None:
             local = mirror / file.path
             if local.is_file():
-                return local.read_bytes()
+                return _read(local)
             raise DataError(f"{file.path}: not in the mirror (tried {upstream} and {local})")
         members = _archive_members(mirror / archive)
         if file.path in members:
@@ -159,11 +166,21 @@ def from_mirror(mirror: Path) -> Getter:
     return get
 
 
+def _read(path: Path) -> bytes:
+    """A file of a mirror or the data folder, within :data:`MAX_FILE_BYTES` (a FIFO refused)."""
+    try:
+        return read_bytes(path, MAX_FILE_BYTES)
+    except ReceivedFileError as exc:
+        raise DataError(str(exc)) from None
+
+
 @functools.lru_cache(maxsize=2)
 def _archive_members_cached(path: str, _mtime_ns: int) -> dict[str, bytes]:
     members = {}
     with tarfile.open(path, "r:*") as tar:
         for m in tar:
+            if m.offset_data + m.size > MAX_FILE_BYTES:  # before its data is read, or skipped over
+                raise tarfile.ReadError(f"{path}: over {MAX_FILE_BYTES} bytes at member {m.name}")
             if m.isfile():
                 content = tar.extractfile(m)
                 assert content is not None  # a regular member always has a file object
@@ -186,7 +203,13 @@ def problems(source: Source, root: Path) -> Iterator[str]:
         path = root / file.path
         if not path.is_file():
             yield f"{path}: missing"
-        elif (got := sha256(path.read_bytes())) != file.sha256:
+            continue
+        try:
+            got = sha256(_read(path))
+        except DataError as exc:
+            yield str(exc)
+            continue
+        if got != file.sha256:
             yield f"{path}: SHA-256 {got} is not the pinned {file.sha256}"
     if source.archive is not None:
         yield from archive_problems(source.archive, root)
@@ -241,7 +264,7 @@ def fetch_source(source: Source, dest: Path, get: Getter, say: Callable[[str], N
     written = 0
     for i, file in enumerate(source.files, 1):
         path = dest / file.path
-        if path.is_file() and sha256(path.read_bytes()) == file.sha256:
+        if path.is_file() and sha256(_read(path)) == file.sha256:
             continue
         data = checked(source, file, get)
         _write(path, data)

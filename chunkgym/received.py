@@ -36,7 +36,12 @@ MAX_DEPTH = 64  # nesting of lists and mappings in a JSON or YAML document
 
 class ReceivedFileError(ValueError):
     """A received file (or a path inside a received folder) that is refused; the message is one
-    line naming the path and the reason."""
+    line naming the path and the reason.  ``detail`` is the reason alone where a reader words it
+    its own way (a YAML syntax error: the parser's context and problem, never the line's text)."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail if detail is not None else message
 
 
 def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
@@ -57,7 +62,9 @@ def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path
     return resolved
 
 
-def open_regular(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+def open_regular(
+    path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None
+) -> tuple[int, int]:
     """Open ``path`` for reading without following a final link; ``(fd, apparent size)``.
 
     With ``folder``, the path must stay inside it (:func:`inside`).  Refuses anything but a
@@ -137,9 +144,13 @@ def parse_json(text: str, source: str, max_depth: int = MAX_DEPTH) -> Any:
     except ReceivedFileError:
         raise
     except json.JSONDecodeError as exc:
-        raise ReceivedFileError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise ReceivedFileError(
+            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     except (RecursionError, ValueError) as exc:  # ValueError: an integer past Python's digit limit
-        raise ReceivedFileError(f"{source}: not a readable JSON document ({str(exc).splitlines()[0][:120]})") from None
+        raise ReceivedFileError(
+            f"{source}: not a readable JSON document ({str(exc).splitlines()[0][:120]})"
+        ) from None
 
 
 def load_json(
@@ -159,8 +170,9 @@ def parse_yaml(text: str, source: str, max_depth: int = MAX_DEPTH) -> Any:
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                mark = event.start_mark
                 raise ReceivedFileError(
-                    f"{source}: uses a YAML anchor or alias (line {event.start_mark.line + 1}); "
+                    f"{source}: uses a YAML anchor or alias (line {mark.line + 1 if mark else '?'}); "
                     "received files must spell every value out"
                 )
             if isinstance(event, yaml.CollectionStartEvent):
@@ -176,9 +188,13 @@ def parse_yaml(text: str, source: str, max_depth: int = MAX_DEPTH) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ReceivedFileError(f"{source}: not valid YAML{where}: {problem}") from None
+        context = getattr(exc, "context", None)
+        detail = f"{context}: {problem}{where}" if context else f"{problem}{where}"
+        raise ReceivedFileError(f"{source}: not valid YAML{where}: {problem}", detail) from None
     except (RecursionError, ValueError) as exc:
-        raise ReceivedFileError(f"{source}: not a readable YAML document ({str(exc).splitlines()[0][:120]})") from None
+        raise ReceivedFileError(
+            f"{source}: not a readable YAML document ({str(exc).splitlines()[0][:120]})"
+        ) from None
 
 
 def load_yaml(

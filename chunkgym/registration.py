@@ -2,7 +2,8 @@
 
 Entry points are strings, so registering imports nothing of ``envs``: ``import chunkgym``
 (or ``import envs``) is enough for ``gym.make``, without an import cycle between the two.
-The version history is in :mod:`envs.chunked_prefill`'s docstring.
+The version history of v0-v4 is in :mod:`envs.chunked_prefill`'s docstring, v5's (the routing env)
+in :mod:`envs.fleet_routing`'s.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ ENV_ID_V1 = "chunkgym/ChunkedPrefill-v1"
 ENV_ID_V2 = "chunkgym/ChunkedPrefill-v2"
 ENV_ID_V3 = "chunkgym/ChunkedPrefill-v3"
 ENV_ID_V4 = "chunkgym/ChunkedPrefill-v4"
+ENV_ID_V5 = "chunkgym/ChunkedPrefill-v5"
+"""The routing env: one step per arrival, the server it goes to as the action (a fleet's router)."""
 ENV_ID = ENV_ID_V4
-"""The newest version: the default of train.py, the leaderboard and the benchmarks."""
+"""The newest scheduling version: the default of train.py, the leaderboard and the benchmarks."""
 
 _ACTION_MASKS = WrapperSpec("ActionMasks", "envs.chunked_prefill:ActionMasks", {})
 
@@ -28,3 +31,12 @@ for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3, ENV_
             kwargs={"version": _version},
             additional_wrappers=(_ACTION_MASKS,),
         )
+
+if ENV_ID_V5 not in gymnasium.registry:
+    gymnasium.register(
+        id=ENV_ID_V5,
+        entry_point="envs.fleet_routing:FleetRoutingEnv",
+        # The servers' policies by name: the registry of the policies layer, named, not imported.
+        kwargs={"policy_factory": "policies.registry:make_policy"},
+        additional_wrappers=(_ACTION_MASKS,),
+    )

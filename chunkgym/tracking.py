@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,13 @@ from typing import Any
 
 from stable_baselines3.common.logger import KVWriter, Logger, TensorBoardOutputFormat
 
+from chunkgym.io import atomic_write_text
+from chunkgym.received import ReceivedFileError, load_json, write_target
+
 log = logging.getLogger(__name__)
 TRACKING_FILE = "tracking.json"  # the W&B run id, so that a resumed run continues the same W&B run
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what W&B accepts as a run id
+TRACKER_FOLDERS = ("tb", "wandb")  # written into by TensorBoard and W&B themselves, by path
 
 
 class TrackerMode(Enum):
@@ -95,16 +101,36 @@ class Guarded(KVWriter):
             _guard(self.name, "close", inner.close)
 
 
+def wandb_run_id(run_dir: Path) -> str:
+    """The run folder's W&B run id (``tracking.json``), made and saved on the first start.
+
+    The file is read inside the run folder as a regular file and replaced, never written through a
+    link; a bad one is a :class:`~chunkgym.received.ReceivedFileError` (not a tracker failure).
+    """
+    state_file = run_dir / TRACKING_FILE
+    state = load_json(state_file, run_dir) if state_file.exists() or state_file.is_symlink() else {}
+    run_id = state.get("wandb_run_id") if isinstance(state, dict) else None
+    if run_id is not None and not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+        raise ReceivedFileError(
+            f"{state_file}: field 'wandb_run_id' must be a W&B run id, got {str(run_id)[:80]!r}"
+        )
+    run_id = run_id or secrets.token_hex(6)
+    atomic_write_text(state_file, json.dumps({"wandb_run_id": run_id}) + "\n", run_dir)
+    return run_id
+
+
 def start_wandb(
-    cfg: LoggerConfig, mode: str, run_dir: Path, name: str, group: str | None, config: dict[str, Any]
+    cfg: LoggerConfig,
+    mode: str,
+    run_dir: Path,
+    name: str,
+    group: str | None,
+    config: dict[str, Any],
+    run_id: str,
 ) -> Any:
-    """A W&B run that mirrors the TensorBoard events written under ``run_dir`` from now on."""
+    """A W&B run (``run_id``) that mirrors the TensorBoard events written under ``run_dir`` from now on."""
     import wandb
 
-    state_file = run_dir / TRACKING_FILE
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    run_id = state.get("wandb_run_id") or secrets.token_hex(6)
-    state_file.write_text(json.dumps({"wandb_run_id": run_id}) + "\n")
     return wandb.init(
         project=cfg.project,
         entity=cfg.entity,
@@ -130,10 +156,13 @@ class TrainingTracker:
     ) -> None:
         mode = resolve_mode(cfg.mode)
         self.run: Any = None
+        for folder in TRACKER_FOLDERS:  # a link planted there would take the trackers' writes elsewhere
+            write_target(run_dir / folder, run_dir)
         if mode != "disabled":  # before the TensorBoard writer exists, so that W&B sees its events
-            self.run = _guard("wandb", "start", lambda: start_wandb(cfg, mode, run_dir, name, group, config))[
-                1
-            ]
+            run_id = wandb_run_id(run_dir)
+            self.run = _guard(
+                "wandb", "start", lambda: start_wandb(cfg, mode, run_dir, name, group, config, run_id)
+            )[1]
         writers: list[KVWriter] = []
         if cfg.tensorboard or self.run is not None:
             writers.append(Guarded("tensorboard", lambda: TensorBoardOutputFormat(str(run_dir / "tb"))))

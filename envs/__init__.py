@@ -6,7 +6,9 @@ per engine iteration), ``chunkgym/ChunkedPrefill-v1`` (one step per scheduling
 decision, richer features, several workloads), ``chunkgym/ChunkedPrefill-v2`` (v1 with
 Sarathi-Serve's admission), ``chunkgym/ChunkedPrefill-v3`` (v2 whose actions also name latency
 targets, so every mixed-batch heuristic is a constant action) and ``chunkgym/ChunkedPrefill-v4`` (v3
-with features of the recent traffic: prompt and output lengths); the module's docstring has the version history.  :data:`ENV_ID` is the newest, the default everywhere.
+with features of the recent traffic: prompt and output lengths); the module's docstring has the version history.
+``chunkgym/ChunkedPrefill-v5`` is another class, :class:`envs.fleet_routing.FleetRoutingEnv`: the agent routes
+each arrival to one server of a fleet.  :data:`ENV_ID` is the newest, the default everywhere.
 """
 
 from pathlib import Path
@@ -22,6 +24,14 @@ if getattr(chunkgym, "__file__", None) is None:  # a folder without __init__.py:
 
 __chunkgym__ = True
 
-from chunkgym.registration import ENV_ID, ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3, ENV_ID_V4  # noqa: E402  (registers the envs)
+from chunkgym.registration import (  # noqa: E402  (registers the envs)
+    ENV_ID,
+    ENV_ID_V0,
+    ENV_ID_V1,
+    ENV_ID_V2,
+    ENV_ID_V3,
+    ENV_ID_V4,
+    ENV_ID_V5,
+)
 
-__all__ = ["ENV_ID", "ENV_ID_V0", "ENV_ID_V1", "ENV_ID_V2", "ENV_ID_V3", "ENV_ID_V4"]
+__all__ = ["ENV_ID", "ENV_ID_V0", "ENV_ID_V1", "ENV_ID_V2", "ENV_ID_V3", "ENV_ID_V4", "ENV_ID_V5"]

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,22 +20,38 @@ import numpy as np
 import yaml
 
 import envs
-from chunkgym.config import from_mapping
+from baselines.routers import make_router
+from chunkgym.config import LOAD_SCALE, SEED, TP, WINDOW_S, from_mapping
 from chunkgym.provenance import config_hash, git_commit
+from chunkgym.received import parse_json
 from envs.serving.capacity import measure_capacity
 from envs.serving.core import ServingConfig
+from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.loop import SimResult
 from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
+from leaderboard.cells import (
+    NO_PATHS,
+    AllowedPaths,
+    as_float,
+    check_cost_model,
+    check_hardware,
+    check_model,
+    check_number,
+    check_workload,
+    fleet_key,
+    shown,
+)
 from policies.registry import check_policy_name, make_policy, policy_env_id, preset_path
 
 BACKEND = "sim"
 TEST_SPLIT = "test"
 REPORT_SPLITS = ("test", "val")
 """The splits evaluate.py may run on: test to report, val to select (train is the learner's)."""
-KEY_COLUMNS = ("policy", "workload", "load_scale", "seed")
+FLEET_COLUMNS = ("fleet_replicas", "fleet_router", "load_imbalance", "goodput_per_gpu")
+"""Columns of the fleet a row was served by (rows made before fleets lack them: one server)."""
 TBT_PROBS = np.concatenate([np.linspace(0.0, 0.9, 91), 1.0 - np.logspace(-1, -5, 81)[1:], [1.0]])
 """Probabilities at which a row keeps its pooled token-gap quantiles (dense in the tail) for the CDF plot."""
 
@@ -105,6 +121,7 @@ class RunSpec:
     setup: SetupKey
     window_s: float | None = None
     data_split: str = TEST_SPLIT
+    fleet: FleetSpec = ONE_SERVER
 
     @property
     def whole_file(self) -> bool:
@@ -116,7 +133,8 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.policy} on {self.workload} at load {self.load_scale:g}, seed {self.seed}"
+        on = f" x{self.fleet.replicas} behind {self.fleet.router}" if self.fleet.servers > 1 else ""
+        return f"{self.policy}{on} on {self.workload} at load {self.load_scale:g}, seed {self.seed}"
 
     def effective_window_s(self) -> float:
         """The window length used, in trace seconds; NaN for a whole file."""
@@ -135,8 +153,11 @@ class RunSpec:
         """Hash of everything the row's numbers depend on except the code and the trace files' contents."""
         built = self.setup.build()
         policy_conf = preset_path(self.policy)
+        # A fleet of one server is the single-server run: its hash stays that of the rows made before fleets.
+        fleet = {"fleet": dataclasses.asdict(self.fleet)} if self.fleet.servers > 1 else {}
         return config_hash(
             {
+                **fleet,
                 "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf else self.policy,
                 "workload": dataclasses.asdict(cached_workload(self.workload).spec),
                 "load_scale": self.load_scale,
@@ -153,49 +174,83 @@ class RunSpec:
         )
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RunSpec:
+    def from_row(cls, row: Mapping[str, Any], allowed: AllowedPaths = NO_PATHS) -> RunSpec:
         """The spec a results row was produced by (values as read back from CSV or JSON).
 
-        Raises ValueError naming the column that is missing or malformed.
+        Every column is checked as :func:`evaluate.grid_of` checks the options it came from, and
+        no file is opened: names must be ``conf`` names, and a path in ``cost_model`` or a
+        ``file:`` workload must be one of ``allowed`` (:mod:`leaderboard.cells`).  Raises
+        ValueError (one line) naming the column that is missing or malformed.
         """
 
-        def get(column: str, kind: type = str) -> Any:
+        def get(column: str) -> Any:
             if column not in row:
                 raise ValueError(f"column {column!r} is missing")
-            value = row[column]
+            return row[column]
+
+        def mapping(column: str) -> dict[str, Any]:
+            value = get(column)
+            text = value if isinstance(value, str) else json.dumps(value)
+            parsed = parse_json(text, f"column {column}")
+            if not isinstance(parsed, dict):
+                raise ValueError(f"column {column}: {shown(value)} is not a JSON object")
+            if "${" in text:  # OmegaConf would resolve it (``${oc.env:...}`` reads the environment)
+                raise ValueError(f"column {column}: {shown(value)} holds an interpolation; rows hold values")
+            return parsed
+
+        def named(column: str, check: Callable[[Any], str]) -> str:
             try:
-                return kind(json.loads(value) if kind is dict else value)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"column {column}: {value!r} is not a valid {kind.__name__}") from exc
+                return check(get(column))
+            except ValueError as exc:
+                raise ValueError(f"column {column}: {exc}") from None
 
         if get("backend") != BACKEND:
-            raise ValueError(f"column backend: {row['backend']!r} rows cannot be rerun by the simulator")
+            raise ValueError(f"column backend: {shown(row['backend'])} rows cannot be rerun by the simulator")
+        policy = named("policy", check_policy_name)
+        slo = from_mapping(SLOSpec, mapping("slo_spec"), source="column slo_spec")
+        setup_names = (
+            named("model", check_model),
+            named("hardware", check_hardware),
+            check_number("tp", get("tp"), TP, integer=True),
+            slo,
+            named("cost_model", functools.partial(check_cost_model, allowed=allowed)),
+        )
+        serving = mapping("serving")
         try:
-            policy = check_policy_name(get("policy"))
+            setup = SetupKey.create(*setup_names, serving)
         except ValueError as exc:
-            raise ValueError(f"column policy: {exc}") from None
-        slo = from_mapping(SLOSpec, get("slo_spec", dict), source="column slo_spec")
-        names = get("model"), get("hardware"), get("tp", int), slo, get("cost_model")
-        serving = get("serving", dict)
-        try:
-            setup = SetupKey.create(*names, serving)
-        except ValueError as exc:
-            raise ValueError(f"column serving: {exc}") from exc
-        window = None if row.get("window_s") in (None, "") else get("window_s", float)
-        window = None if window is None or math.isnan(window) else window
+            raise ValueError(f"column serving: {exc}") from None
+        window = _window(row.get("window_s"))
         split = get("split")
         data_split = TEST_SPLIT if split == "all" else split
         if data_split not in REPORT_SPLITS:
-            raise ValueError(f"column split: {split!r} is not one of {', '.join(REPORT_SPLITS)}, all")
+            raise ValueError(f"column split: {shown(split)} is not one of {', '.join(REPORT_SPLITS)}, all")
+        replicas, router = fleet_key(row)
         return cls(
             policy,
-            get("workload"),
-            get("load_scale", float),
-            get("seed", int),
+            named("workload", functools.partial(check_workload, allowed=allowed)),
+            check_number("load_scale", get("load_scale"), LOAD_SCALE),
+            check_number("seed", get("seed"), SEED, integer=True),
             setup,
             window,
             data_split,
+            FleetSpec(replicas=replicas, router=router or ONE_SERVER.router),
         )
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """The row's :data:`~leaderboard.cells.ROW_KEY`."""
+        fleet = (self.fleet.replicas, self.fleet.router) if self.fleet.servers > 1 else (1, "")
+        return (BACKEND, self.policy, self.workload, self.load_scale, self.seed, *fleet)
+
+
+def _window(value: Any) -> float | None:
+    """A row's ``window_s``: empty, null or NaN (a file used whole) is None, else seconds within WINDOW_S."""
+    number = None if value in (None, "") else as_float(value)
+    if value in (None, "") or (number is not None and math.isnan(number)):
+        return None
+    window: float = check_number("window_s", value, WINDOW_S)
+    return window
 
 
 @dataclass
@@ -210,7 +265,13 @@ class RowResult:
 def simulate(spec: RunSpec) -> tuple[Trace, SimResult]:
     """Run ``spec``'s policy (a fresh one) on its trace."""
     trace = spec.trace()
-    return trace, spec.setup.build().simulator(trace).run(make_policy(spec.policy))
+    setup = spec.setup.build()
+    if spec.fleet.servers > 1:
+        policy = functools.partial(make_policy, spec.policy)
+        return trace, setup.fleet(
+            trace, spec.fleet.replicas, policy, make_router(spec.fleet.router), spec.seed
+        ).run()
+    return trace, setup.simulator(trace).run(make_policy(spec.policy))
 
 
 def run_row(spec: RunSpec) -> RowResult:
@@ -246,6 +307,10 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
         "offset_s": trace.offset_s,
         "span_s": trace.span_s,
         **result.metrics,
+        "fleet_replicas": spec.fleet.replicas,
+        "fleet_router": spec.fleet.router if spec.fleet.servers > 1 else "",
+        "load_imbalance": result.metrics.get("load_imbalance", 1.0),
+        "goodput_per_gpu": result.metrics["goodput_rps"] / (spec.fleet.servers * spec.setup.tp),
         "slo_tpot_s": setup.slo.tpot_s,
         "slo_stall_s": setup.slo.stall_s,
         "cost_model_source": setup.cost_model.description,
@@ -290,5 +355,7 @@ def run_capacity(job: CapacityJob) -> tuple[float, float]:
         rel_tol=job.rel_tol,
         whole_split=s.whole_file,
         early_stop=job.early_stop,
+        fleet=s.fleet,
+        make_router=functools.partial(make_router, s.fleet.router),
     )
     return capacity.scale, capacity.rps

@@ -9,37 +9,76 @@ except wall-clock time and where the row was made: ``UNCOMPARED``; the vLLM-name
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from chunkgym.parallel import parallel_map
 from envs.serving.metrics import VLLM_COLUMNS
-from leaderboard.runs import RunSpec, run_row
+from leaderboard.cells import AllowedPaths, check_unique
+from leaderboard.runs import FLEET_COLUMNS, RunSpec, SetupKey, cached_workload, run_row
 from leaderboard.tables import read_rows
+from policies.registry import make_policy
 
 UNCOMPARED = ("sim_wall_s", "git_commit", "source")
 """Wall-clock seconds, the commit that wrote the row, and the trace file's path on that machine."""
 
 
 def validate(
-    path: str | Path, n_jobs: int = 0, progress: bool = True, backend: str = "local"
+    path: str | Path,
+    n_jobs: int = 0,
+    progress: bool = True,
+    backend: str = "local",
+    allow_paths: Sequence[str | None] = (),
 ) -> tuple[int, list[str]]:
-    """(rows checked, one message per differing value); raises ValueError for an unreadable row."""
+    """(rows checked, one message per differing value).
+
+    ``path`` is a received file: every row is checked (:meth:`RunSpec.from_row`, paths only
+    from ``allow_paths``), a run repeated is refused, and each serving setup, workload and policy
+    is built once here, so a bad row is one ValueError naming the file and row before any worker
+    starts.
+    """
     rows = read_rows(path)
     if not rows:
         raise ValueError(f"{path}: holds no rows")
-    specs = []
-    for i, row in enumerate(rows, 1):
-        try:
-            specs.append(RunSpec.from_row(row))
-        except ValueError as exc:
-            raise ValueError(f"{path}: row {i}: {exc}") from exc
+    allowed = AllowedPaths.of(allow_paths)
+    specs = [_spec(path, i, row, allowed) for i, row in enumerate(rows, 1)]
+    try:
+        check_unique([(spec.key, f"row {i}") for i, spec in enumerate(specs, 1)])
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    _build(path, specs)
     fresh = parallel_map(run_row, specs, n_jobs, desc="validate", progress=progress, backend=backend)
     problems = []
     for i, (row, spec, result) in enumerate(zip(rows, specs, fresh, strict=True), 1):
         problems += compare(row, result.row, f"row {i} ({spec.label})")
     return len(rows), problems
+
+
+def _spec(path: str | Path, i: int, row: dict[str, Any], allowed: AllowedPaths) -> RunSpec:
+    try:
+        return RunSpec.from_row(row, allowed)
+    except ValueError as exc:
+        raise ValueError(f"{path}: row {i}: {exc}") from None
+
+
+def _build(path: str | Path, specs: list[RunSpec]) -> None:
+    """Each distinct setup, workload and policy of the rows, built in this process (and cached for
+    it): a missing cost file or trace is one line naming its first row, not a worker's traceback."""
+    build: dict[str, Callable[[Any], object]] = {
+        "setup": SetupKey.build,
+        "workload": cached_workload,
+        "policy": make_policy,
+    }
+    first: dict[tuple[str, Any], int] = {}
+    for i, spec in enumerate(specs, 1):
+        for kind, part in (("setup", spec.setup), ("workload", spec.workload), ("policy", spec.policy)):
+            first.setdefault((kind, part), i)
+    for (kind, part), i in first.items():
+        try:
+            build[kind](part)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"{path}: row {i} ({specs[i - 1].label}): {exc}") from None
 
 
 def compare(expected: Mapping[str, Any], got: Mapping[str, Any], where: str) -> list[str]:
@@ -49,7 +88,7 @@ def compare(expected: Mapping[str, Any], got: Mapping[str, Any], where: str) -> 
         if column in UNCOMPARED:
             continue
         if column not in expected:
-            if column in VLLM_COLUMNS:  # added later: files written before them still validate
+            if column in VLLM_COLUMNS or column in FLEET_COLUMNS:  # added later: older files still validate
                 continue
             problems.append(f"{where}, column {column}: missing from the file (rerun gives {value!r})")
         elif not same(expected[column], value):

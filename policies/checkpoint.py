@@ -15,6 +15,12 @@ Restoring fills a freshly built model and VecNormalize (built from the run's con
 run would be), checking every name, shape and dtype first: a folder that does not fit raises
 :class:`CheckpointError` naming the file and the problem. No hash is kept: one stored beside
 the files it covers protects nothing.
+
+A checkpoint folder lies in a run folder that may have been received: every file is read inside
+its folder, as a regular file (no link), within a byte budget (:mod:`chunkgym.received`), the
+folder itself must not be a link, a write never follows a link planted where it writes, and the
+numbers that continue training (optimizer moments and steps, normalisation statistics and counts)
+must be finite and their counts and steps non-negative.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from typing import Any, cast
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
+
+from chunkgym.received import ReceivedFileError, inside, load_json, read_bytes, write_target
 
 FORMAT = "chunkgym-checkpoint"
 FORMAT_VERSION = 1
@@ -42,11 +50,12 @@ POLICY_FILE = "policy.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 NORM_FILE = "vecnormalize.safetensors"
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_TENSOR_BYTES = 1 << 30  # a safetensors file of a checkpoint; chunkgym's policies are a few MB
 NORM_SETTINGS = ("norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma", "epsilon")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint folder this code cannot restore: names the file and the problem."""
+class CheckpointError(ReceivedFileError):
+    """A checkpoint folder this code cannot restore: names the file and the problem (one line)."""
 
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(f"{path}: {problem}")
@@ -116,10 +125,15 @@ class Checkpoint:
 
 
 # ---- writing -----------------------------------------------------------------------------
-def write_checkpoint(model: OnPolicyAlgorithm, directory: Path, algo: str) -> None:
-    """``model`` (and its VecNormalize) into ``directory``, replacing it as a whole."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+def write_checkpoint(
+    model: OnPolicyAlgorithm, directory: Path, algo: str, folder: Path | None = None
+) -> None:
+    """``model`` (and its VecNormalize) into ``directory`` (inside the run folder ``folder``; default
+    its parent), replacing it as a whole; a link planted at ``directory`` or its temporary twin is refused."""
+    folder = directory.parent if folder is None else folder
+    directory = write_target(directory, folder)
+    tmp = write_target(directory.with_name(directory.name + ".tmp"), folder)
+    shutil.rmtree(tmp, ignore_errors=True)  # a real folder: an earlier write that was cut short
     tmp.mkdir(parents=True)
     save_file({k: v.detach().contiguous() for k, v in model.policy.state_dict().items()}, tmp / POLICY_FILE)
     opt = model.policy.optimizer.state_dict()
@@ -150,29 +164,23 @@ def write_checkpoint(model: OnPolicyAlgorithm, directory: Path, algo: str) -> No
         "ep_success_buffer": [float(v) for v in (model.ep_success_buffer or [])],
     }
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(write_target(directory, folder), ignore_errors=True)  # checked again: just before
     tmp.rename(directory)
 
 
 def is_checkpoint(directory: Path) -> bool:
-    """A complete checkpoint folder (its manifest, written last, is there)."""
-    return (directory / MANIFEST_FILE).is_file()
+    """A complete checkpoint folder (its manifest, written last, is there); a link is none."""
+    manifest = directory / MANIFEST_FILE
+    return not directory.is_symlink() and not manifest.is_symlink() and manifest.is_file()
 
 
 # ---- reading -----------------------------------------------------------------------------
-def read_checkpoint(directory: Path, algo: str) -> Checkpoint:
-    """The checkpoint in ``directory`` (of a run of ``algo``), its form checked; no model needed."""
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """``directory``'s checkpoint.json, read inside it within :data:`MAX_MANIFEST_BYTES`, of the format."""
     path = directory / MANIFEST_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise CheckpointError(path, "file not found (not a checkpoint folder, or an unfinished one)")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise CheckpointError(
-            path, f"{path.stat().st_size} bytes; a checkpoint manifest is under {MAX_MANIFEST_BYTES}"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"not valid JSON ({exc})") from None
+    manifest = load_json(path, directory, MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("format_version")) != (
         FORMAT,
         FORMAT_VERSION,
@@ -183,12 +191,23 @@ def read_checkpoint(directory: Path, algo: str) -> Checkpoint:
             else manifest
         )
         raise CheckpointError(path, f"format is {got!r}; this code reads {FORMAT!r} version {FORMAT_VERSION}")
-    if manifest.get("algo") != algo:
-        raise CheckpointError(path, f"field 'algo' is {manifest.get('algo')!r}, the run trains {algo!r}")
     for key in ("num_timesteps", "n_updates"):
         value = manifest.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise CheckpointError(path, f"field {key!r} must be an integer >= 0, got {value!r}")
+    return manifest
+
+
+def read_checkpoint(directory: Path, algo: str, folder: Path | None = None) -> Checkpoint:
+    """The checkpoint in ``directory`` (inside the run folder ``folder``, default its parent; of a
+    run of ``algo``), its form checked; no model needed."""
+    directory = inside(directory, directory.parent if folder is None else folder)
+    if not directory.is_dir():
+        raise CheckpointError(directory, "not a checkpoint folder")
+    manifest = read_manifest(directory)
+    path = directory / MANIFEST_FILE
+    if manifest.get("algo") != algo:
+        raise CheckpointError(path, f"field 'algo' is {manifest.get('algo')!r}, the run trains {algo!r}")
     if not isinstance(manifest.get("optimizer_param_groups"), list):
         raise CheckpointError(path, "field 'optimizer_param_groups' must be a list")
     settings = manifest.get("vecnormalize")
@@ -219,6 +238,11 @@ def read_checkpoint(directory: Path, algo: str) -> Checkpoint:
         raise CheckpointError(
             directory / NORM_FILE, f"expected finite float64 tensors {sorted(expected)}, got {sorted(norm)}"
         )
+    negative = [k for k in ("obs_var", "obs_count", "ret_var", "ret_count") if (norm[k] < 0).any()]
+    if negative:
+        raise CheckpointError(
+            directory / NORM_FILE, f"tensor(s) {negative} hold negative values (variances, counts)"
+        )
     stats = NormStats(
         norm["obs_mean"].numpy(),
         norm["obs_var"].numpy(),
@@ -228,9 +252,13 @@ def read_checkpoint(directory: Path, algo: str) -> Checkpoint:
         float(norm["ret_count"]),
         manifest["vecnormalize"],
     )
-    return Checkpoint(
-        directory, manifest, _tensors(directory / POLICY_FILE), _tensors(directory / OPTIMIZER_FILE), stats
-    )
+    optimizer = _tensors(directory / OPTIMIZER_FILE)
+    for name, tensor in optimizer.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(directory / OPTIMIZER_FILE, f"tensor {name!r} holds non-finite values")
+        if name.endswith(".step") and (tensor < 0).any():
+            raise CheckpointError(directory / OPTIMIZER_FILE, f"tensor {name!r} is a negative step count")
+    return Checkpoint(directory, manifest, _tensors(directory / POLICY_FILE), optimizer, stats)
 
 
 def _finite_number(value: object) -> bool:
@@ -238,12 +266,17 @@ def _finite_number(value: object) -> bool:
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
+    """A safetensors file in its checkpoint folder: a regular file within :data:`MAX_TENSOR_BYTES`,
+    read once (the library checks the header's length and offsets before any tensor)."""
+    if not path.exists() and not path.is_symlink():
         raise CheckpointError(path, "file not found")
+    data = read_bytes(path, MAX_TENSOR_BYTES, path.parent)
     try:
-        return load_file(path)
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(path, f"unreadable safetensors file ({exc})") from None
+        return load(data)
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise CheckpointError(
+            path, f"unreadable safetensors file ({' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
 # ---- restoring ---------------------------------------------------------------------------

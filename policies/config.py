@@ -18,7 +18,18 @@ from typing import Any, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from chunkgym.config import AT_LEAST_ONE, NON_EMPTY, Rule, prefixed, schema, to_object
+from chunkgym.config import (
+    AT_LEAST_ONE,
+    LOAD_SCALE,
+    SEED,
+    TP,
+    WINDOW_S,
+    Rule,
+    each,
+    prefixed,
+    schema,
+    to_object,
+)
 from chunkgym.tracking import LoggerConfig
 from envs.actions import NUM_LEVELS
 from envs.serving.core import ServingConfig
@@ -199,8 +210,11 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _load_pair(load: list[float]) -> bool:
-    """A load range as the env reads it: [scale] or [low, high], 0 < low <= high."""
-    return len(load) in (1, 2) and 0 < load[0] <= load[-1]
+    """A load range as the env reads it: [scale] or [low, high], low <= high, each a :data:`LOAD_SCALE`."""
+    return len(load) in (1, 2) and all(LOAD_SCALE.test(x) for x in load) and load[0] <= load[-1]
+
+
+SEEDS = Rule(lambda v: len(v) > 0 and each(SEED).test(v), f"a non-empty list of which each is {SEED.want}")
 
 
 RULES: dict[str, Rule] = {
@@ -208,11 +222,13 @@ RULES: dict[str, Rule] = {
     **prefixed("model", MODEL_RULES),
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
-    "env.tp": AT_LEAST_ONE,
-    "env.load_scale": Rule(_load_pair, "[scale] or [low, high] with 0 < low <= high"),
+    "seed": SEED,
+    "env.tp": TP,
+    "env.window_s": WINDOW_S,
+    "env.load_scale": Rule(_load_pair, "[scale] or [low, high] with 0 < low <= high, each in [0.001, 1000]"),
     "env.workload_loads": Rule(
         lambda loads: all(_load_pair(v) for v in loads.values()),
-        "a map of workload name to [scale] or [low, high] with 0 < low <= high",
+        "a map of workload name to [scale] or [low, high] with 0 < low <= high, each in [0.001, 1000]",
     ),
     "env.slos": Rule(
         lambda names: all(n in slo_names() for n in names),
@@ -228,8 +244,10 @@ RULES: dict[str, Rule] = {
     "algo.bc_period_s": Rule(lambda v: v > 0, "a number of seconds > 0"),
     "algo.bc_horizon_s": Rule(lambda v: v > 0, "a number of seconds > 0 (>= algo.bc_period_s)"),
     "algo.bc_margin": Rule(lambda v: 0 <= v < 1, "a number in [0, 1): an SLO-attainment or capacity margin"),
-    "algo.bc_capacity_seeds": NON_EMPTY,
-    "eval.seeds": NON_EMPTY,
+    "algo.bc_capacity_seeds": SEEDS,
+    "eval.seeds": SEEDS,
+    "eval.load_scale": LOAD_SCALE,
+    "eval.window_s": WINDOW_S,
     "eval.baseline": Rule(
         is_policy_name, f"a registered policy name ({', '.join(policy_names())}) or learned:PATH"
     ),

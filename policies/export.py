@@ -31,6 +31,7 @@ from policies.exported import (
     WEIGHTS_FILE,
     ExportedPolicy,
     PolicyNet,
+    check_values,
     env_contract,
     export_program,
     sha256_of,
@@ -99,6 +100,7 @@ def write_export(
 ) -> dict[str, Any]:
     """Write the three artefacts of ``net`` (trained on ``env_id``) into ``directory``; returns policy.json."""
     directory = Path(directory)
+    check_values(directory / WEIGHTS_FILE, net.state_dict())  # never write what load_policy refuses
     directory.mkdir(parents=True, exist_ok=True)
     spec = policy_spec(net, env_id, provenance)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:

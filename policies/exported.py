@@ -26,8 +26,8 @@ folder; ``policy.pt2`` is written for deployment tools and never read by this co
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,10 @@ import numpy as np
 import torch
 from gymnasium.envs.registration import parse_env_id
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 from torch import nn
 
+from chunkgym.received import ReceivedFileError, open_regular, parse_json, read_bytes
 from envs.chunked_prefill import version_of
 from envs.serving.scheduling import Plan, Policy, ServingView
 
@@ -51,13 +52,41 @@ MAX_LAYERS = 16
 MAX_WIDTH = 4096
 """Bounds on ``network.sizes`` checked before anything is allocated (the shipped nets: 3 layers, 26-256)."""
 MAX_SPEC_BYTES = 1 << 20
+MAX_HEADER_BYTES = 1 << 16
+"""Room for the safetensors header (names, shapes, offsets: about 1 KB for the shipped nets)."""
+MAX_WEIGHT = 1e6
+"""Largest magnitude of a layer's weight or bias (the shipped nets' are below 1): past it, the
+logits saturate and one action wins whatever the state, which no training run produces."""
+POSITIVE_NORMALISATION = ("obs_var", "obs_epsilon", "obs_clip")
+"""Normalisation tensors that must be > 0: a variance or epsilon <= 0 makes NaN or infinite
+features, a clip <= 0 flattens every feature to one value, and the policy then serves nonsense."""
 
 
-class ExportError(ValueError):
-    """An export directory that this code cannot run: names the file and the problem."""
+class ExportError(ReceivedFileError):
+    """An export directory that this code cannot run: one line naming the file and the problem
+    (``ExportError(message)`` keeps a :class:`ReceivedFileError`'s line, which already names it)."""
 
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+    def __init__(self, path: Path | str, problem: str | None = None) -> None:
+        super().__init__(str(path) if problem is None else f"{path}: {problem}")
+
+
+def read_artefact(directory: Path, name: str, max_bytes: int, what: str) -> bytes:
+    """File ``name`` of an export directory, read once: a regular file inside the directory (not a
+    link, FIFO or device), refused by its apparent size before a byte is read or hashed."""
+    path = directory / name
+    if not os.path.lexists(path):
+        hint = " (not an exported policy directory?)" if name == SPEC_FILE else ""
+        raise ExportError(path, f"file not found{hint}")
+    try:
+        fd, size = open_regular(name, directory)
+        os.close(fd)
+        if size > max_bytes:
+            raise ExportError(path, f"{size} bytes; {what} is under {max_bytes}")
+        return read_bytes(name, max_bytes, directory)
+    except ExportError:
+        raise
+    except ReceivedFileError as exc:
+        raise ExportError(str(exc)) from None
 
 
 class PolicyNet(nn.Module):
@@ -185,14 +214,13 @@ def env_contract(env_id: Any) -> dict[str, Any]:
 def read_spec(directory: str | Path) -> dict[str, Any]:
     """Parse and validate ``policy.json`` against the env it names, as this code defines that env."""
     path = Path(directory) / SPEC_FILE
-    if not path.is_file():
-        raise ExportError(path, "file not found (not an exported policy directory?)")
-    if path.stat().st_size > MAX_SPEC_BYTES:
-        raise ExportError(path, f"{path.stat().st_size} bytes; a policy manifest is under {MAX_SPEC_BYTES}")
+    data = read_artefact(Path(directory), SPEC_FILE, MAX_SPEC_BYTES, "a policy manifest")
     try:
-        spec = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(path, f"not valid JSON ({exc})") from None
+        spec = parse_json(data.decode("utf-8"), str(path))
+    except UnicodeDecodeError as exc:
+        raise ExportError(path, f"not valid JSON (not UTF-8 at byte {exc.start})") from None
+    except ReceivedFileError as exc:
+        raise ExportError(str(exc)) from None
     if not isinstance(spec, dict):
         raise ExportError(path, f"expected a JSON object, got {type(spec).__name__}")
     if spec.get("format") != FORMAT or spec.get("format_version") != FORMAT_VERSION:
@@ -234,22 +262,49 @@ def read_spec(directory: str | Path) -> dict[str, Any]:
     return spec
 
 
-def verify_file(directory: str | Path, spec: dict[str, Any], name: str) -> Path:
-    """The path of artefact ``name``, after checking it exists and matches its hash in policy.json."""
+def verified_bytes(directory: str | Path, spec: dict[str, Any], name: str, max_bytes: int) -> bytes:
+    """Artefact ``name``, read once (:func:`read_artefact`) and checked against its hash in policy.json."""
     path = Path(directory) / name
-    if not path.is_file():
-        raise ExportError(path, "file not found")
     expected = spec["files"].get(name)
     if expected is None:
         raise ExportError(Path(directory) / SPEC_FILE, f"no SHA-256 recorded for {name}")
-    actual = sha256_of(path)
+    data = read_artefact(Path(directory), name, max_bytes, "this network's weights file")
+    actual = hashlib.sha256(data).hexdigest()
     if actual != expected:  # a recorded value of the wrong type never equals the hex digest
         raise ExportError(
             path,
             f"SHA-256 {actual[:16]}... does not match policy.json ({str(expected)[:16]!r}...): "
             "the file is corrupted or was changed after export",
         )
-    return path
+    return data
+
+
+def weights_bytes(spec: dict[str, Any]) -> int:
+    """The most bytes the weights file of ``spec``'s network can hold: its tensors (float32
+    layers, float64 normalisation) and a header; known before the file is opened."""
+    sizes, outputs = spec["network"]["sizes"], sum(spec["nvec"])
+    layers = [*zip(sizes[:-1], sizes[1:], strict=True), (sizes[-1], outputs)]
+    return (
+        4 * sum(fan_in * fan_out + fan_out for fan_in, fan_out in layers)
+        + 8 * (2 * sizes[0] + 2)
+        + MAX_HEADER_BYTES
+    )
+
+
+def check_values(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Refuse weights that load but serve nonsense: a normalisation tensor <= 0
+    (:data:`POSITIVE_NORMALISATION`) or a layer weight past :data:`MAX_WEIGHT` in magnitude."""
+    for name, tensor in tensors.items():
+        if name in POSITIVE_NORMALISATION:
+            low = float(tensor.min())
+            if not low > 0:
+                raise ExportError(path, f"tensor {name!r} must be > 0 everywhere, holds {low!r}")
+        elif not name.startswith("obs_") and tensor.numel():
+            high = float(tensor.abs().max())
+            if not high <= MAX_WEIGHT:
+                raise ExportError(
+                    path, f"tensor {name!r} holds {high:.3g}, past the sane magnitude {MAX_WEIGHT:g}"
+                )
 
 
 def _json_int(value: object) -> bool:
@@ -265,11 +320,12 @@ def load_policy(directory: str | Path) -> ExportedPolicy:
     """An exported policy as a :class:`~envs.serving.scheduling.Policy` (no SB3, no pickle)."""
     directory = Path(directory)
     spec = read_spec(directory)
-    path = verify_file(directory, spec, WEIGHTS_FILE)
+    path = directory / WEIGHTS_FILE
+    data = verified_bytes(directory, spec, WEIGHTS_FILE, weights_bytes(spec))
     try:
-        tensors = load_file(path)
-    except (SafetensorError, OSError) as exc:
-        raise ExportError(path, f"unreadable safetensors file ({exc})") from None
+        tensors = load(data)
+    except SafetensorError as exc:
+        raise ExportError(path, f"unreadable safetensors file ({str(exc).splitlines()[0][:200]})") from None
     net = build_net(spec)
     expected = net.state_dict()
     if set(tensors) != set(expected):
@@ -283,14 +339,23 @@ def load_policy(directory: str | Path) -> ExportedPolicy:
             )
         if not torch.isfinite(got).all():
             raise ExportError(path, f"tensor {name!r} holds NaN or infinite values")
+    check_values(path, tensors)
     net.load_state_dict(tensors)
     norm = spec.get("normalisation")
     if not isinstance(norm, dict):
         raise ExportError(path.with_name(SPEC_FILE), f"field 'normalisation' must be an object, got {norm!r}")
     for key in ("obs_mean", "obs_var", "obs_epsilon", "obs_clip"):
-        if key not in norm or not np.array_equal(np.asarray(norm[key]), tensors[key].numpy()):
+        if key not in norm or not _same_values(norm[key], tensors[key]):
             raise ExportError(path, f"normalisation {key!r} differs between {SPEC_FILE} and {WEIGHTS_FILE}")
     return ExportedPolicy(net, spec)
+
+
+def _same_values(recorded: Any, tensor: torch.Tensor) -> bool:
+    """Whether a JSON value equals ``tensor`` element for element (a ragged list never does)."""
+    try:
+        return bool(np.array_equal(np.asarray(recorded), tensor.numpy()))
+    except ValueError:
+        return False
 
 
 def export_program(net: PolicyNet) -> torch.export.ExportedProgram:

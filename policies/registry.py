@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -34,6 +33,7 @@ SHIPPED_LEARNED = ARTIFACTS_DIR / "learned"
 LEARNED_PREFIX = "learned:"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 """Preset and artefact names: no dots or slashes, so a name can never leave its folder."""
+SHOWN_CHARS = 80
 
 
 def shipped_names() -> list[str]:
@@ -54,8 +54,10 @@ def _plain_name(name: str) -> bool:
 
 
 def _unknown(name: object) -> ValueError:
+    shown = repr(name)  # a received cell may be a megabyte long: the line stays short
+    shown = shown if len(shown) <= SHOWN_CHARS else f"{shown[:SHOWN_CHARS]}..."
     return ValueError(
-        f"unknown policy {name!r}; valid names: {', '.join(policy_names())}, or {LEARNED_PREFIX}PATH"
+        f"unknown policy {shown}; valid names: {', '.join(policy_names())}, or {LEARNED_PREFIX}PATH"
     )
 
 
@@ -90,9 +92,11 @@ def check_policy_name(name: object) -> str:
 def policy_env_id(name: str, default: str) -> str:
     """The env an exported policy was trained in (its manifest's ``env_id``); ``default`` otherwise."""
     directory = exported_dir(name)
-    if directory is None or not (directory / "policy.json").is_file():
+    if directory is None:
         return default
-    return str(json.loads((directory / "policy.json").read_text())["env_id"])
+    from policies.exported import read_spec  # torch: only for exported policies
+
+    return str(read_spec(directory)["env_id"])
 
 
 def preset_policy(path: Path) -> Policy:

@@ -4,6 +4,11 @@ Checkpoints (``checkpoints/step_<N>/``, ``best/``) are in the pickle-free format
 :mod:`policies.checkpoint`; resuming and exporting read only that format, never SB3's
 pickled ``model.zip``/``vecnormalize.pkl``.
 
+A run folder may have been received (resumed, exported): every path derived from it stays inside
+it and is read as a regular file within a budget (:mod:`chunkgym.received`), a write never follows
+a link planted there, and ``checkpoint.keep`` deletes only real ``step_<N>`` folders whose
+manifest says step N; the newest checkpoint is the one of the highest such N.
+
 Evaluation runs the policy exactly as it will be shipped: the current SB3 weights and
 VecNormalize statistics are converted to :class:`~policies.exported.PolicyNet` and
 served through :class:`~policies.exported.ExportedPolicy` by the simulator on fixed
@@ -19,6 +24,8 @@ import functools
 import json
 import logging
 import math
+import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +44,9 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 from torch import nn
 
-from chunkgym.io import atomic_write_text
+from chunkgym.cli import InputExit
+from chunkgym.io import append_line, atomic_write_text
+from chunkgym.received import ReceivedFileError, load_yaml, parse_json, read_text, write_target
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
 from envs.features import FEATURES_V4
@@ -47,9 +56,11 @@ from envs.serving.setup import ServingSetup
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 from policies.checkpoint import (
+    CheckpointError,
     NormStats,
     is_checkpoint,
     read_checkpoint,
+    read_manifest,
     restore,
     restore_policy,
     write_checkpoint,
@@ -77,7 +88,9 @@ BEST_DIR = "best"
 LEGACY_FILES = ("model.zip", "vecnormalize.pkl")
 """SB3's pickled checkpoint files, written by earlier versions and never loaded (SECURITY.md)."""
 HISTORY_FILE = "evaluations.jsonl"
+MAX_HISTORY_BYTES = 64 << 20  # evaluations.jsonl: ~300 bytes a row, 200,000 evaluations
 CONFIG_FILE = "config.yaml"
+STEP_NAME = re.compile(r"step_(\d{1,18})")  # checkpoints/step_<N>: what save_checkpoint names them
 # Keys that may change when a run is resumed; every other key must match the run folder's config.
 RESUMABLE_CHANGES = ("algo.total_timesteps", "logger", "checkpoint", "eval.every_steps", "resume", "progress")
 
@@ -188,7 +201,7 @@ def load_model(cfg: TrainConfig, checkpoint: Path, venv: VecNormalize) -> OnPoli
     """The run's model continued from ``checkpoint``: built from the config as a new run would be,
     then its parameters, optimizer state, counters and normalisation restored; envs reseeded past it."""
     model = new_model(cfg, venv)
-    restore(model, read_checkpoint(checkpoint, cfg.algo.name.value))
+    restore(model, read_checkpoint(checkpoint, cfg.algo.name.value, checkpoint.parent))
     model.set_random_seed(cfg.seed + model.num_timesteps)
     return model
 
@@ -199,7 +212,7 @@ def is_masked(cfg: TrainConfig) -> bool:
 
 def best_policy_net(cfg: TrainConfig, run_dir: Path, model: OnPolicyAlgorithm) -> PolicyNet:
     """The best val policy of the run (``run_dir/best``), loaded into a new policy shaped like ``model``'s."""
-    best = read_checkpoint(run_dir / BEST_DIR, cfg.algo.name.value)
+    best = read_checkpoint(run_dir / BEST_DIR, cfg.algo.name.value, run_dir)
     policy = cast(  # PPO's MlpPolicy
         ActorCriticPolicy,
         model.policy_class(
@@ -271,11 +284,17 @@ class Evaluator:
             self._continue(resumed_from)
 
     def _continue(self, resumed_from: int) -> None:
-        text = self.history.read_text() if self.history.is_file() else ""
+        text = read_text(self.history, MAX_HISTORY_BYTES, self.run_dir) if _exists(self.history) else ""
         complete = text[: text.rfind("\n") + 1]  # a run killed mid-append leaves a partial last line
-        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        lines = enumerate(complete.splitlines(), 1)
+        rows = [_history_row(line, self.history, n, self.select_by) for n, line in lines if line.strip()]
         best_dir = self.run_dir / BEST_DIR
-        best_step = read_checkpoint(best_dir, self.algo).num_timesteps if is_checkpoint(best_dir) else None
+        write_target(best_dir, self.run_dir)  # a link there is refused, never followed nor deleted
+        best_step = (
+            read_checkpoint(best_dir, self.algo, self.run_dir).num_timesteps
+            if is_checkpoint(best_dir)
+            else None
+        )
         kept = [r for r in rows if r["timesteps"] <= resumed_from]
         matching = [r for r in kept if r["timesteps"] == best_step]
         if matching:
@@ -290,7 +309,7 @@ class Evaluator:
                 len(rows) - len(kept),
                 "" if matching else ", and the best policy (newer too)",
             )
-            atomic_write_text(self.history, "".join(json.dumps(r) + "\n" for r in kept))
+            atomic_write_text(self.history, "".join(json.dumps(r) + "\n" for r in kept), self.run_dir)
         self.last_timesteps = kept[-1]["timesteps"] if kept else -1
 
     def __call__(self, model: OnPolicyAlgorithm) -> dict[str, Any]:
@@ -299,13 +318,12 @@ class Evaluator:
         net = policy_net(model.policy, NormStats.of(vecnorm), self.masked)
         policy = in_memory_policy(net, self.env_id)
         row: dict[str, Any] = {"timesteps": int(model.num_timesteps), **self.windows.evaluate(lambda: policy)}
-        with self.history.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_line(self.history, json.dumps(row), self.run_dir)
         self.last_timesteps = row["timesteps"]
         key = self.select_by
         improved = self.best is None or row[key] > self.best[key]
         if improved:
-            write_checkpoint(model, self.run_dir / BEST_DIR, self.algo)
+            write_checkpoint(model, self.run_dir / BEST_DIR, self.algo, self.run_dir)
             self.best = row
         assert self.best is not None, "set above at the first evaluation"
         for key in EVAL_METRICS:
@@ -377,30 +395,96 @@ class ServingStats(BaseCallback):
 
 
 # ---- checkpoints and run folder -------------------------------------------------------------
+def _exists(path: Path) -> bool:
+    """``path`` is there (a dangling link too: it is refused where it is read, not taken as absent)."""
+    return path.exists() or path.is_symlink()
+
+
+def _history_row(line: str, path: Path, number: int, select_by: str) -> dict[str, Any]:
+    """One row of evaluations.jsonl, checked: an object whose ``timesteps`` is an integer >= 0 and
+    whose metrics (:data:`EVAL_METRICS`; ``select_by`` must be there) are numbers."""
+    where = f"{path} line {number}"
+    row = parse_json(line, where)
+    if not isinstance(row, dict):
+        raise ReceivedFileError(f"{where}: expected an object, got {type(row).__name__}")
+    steps = row.get("timesteps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ReceivedFileError(f"{where}: field 'timesteps' must be an integer >= 0, got {steps!r}")
+    for key in EVAL_METRICS:
+        value = row.get(key)
+        if (key in row or key == select_by) and (
+            not isinstance(value, int | float) or isinstance(value, bool)
+        ):
+            raise ReceivedFileError(f"{where}: field {key!r} must be a number, got {value!r}")
+    return row
+
+
 def save_checkpoint(model: OnPolicyAlgorithm, run_dir: Path, keep: int, algo: str) -> Path:
-    """``checkpoints/step_<N>/`` (:mod:`policies.checkpoint`); older ones beyond ``keep`` removed."""
-    path = run_dir / CHECKPOINT_DIR / f"step_{model.num_timesteps:012d}"
-    write_checkpoint(model, path, algo)
+    """``checkpoints/step_<N>/`` (:mod:`policies.checkpoint`); older ones beyond ``keep`` removed
+    (only the run's own: :func:`checkpoints`)."""
+    root = _checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"step_{model.num_timesteps:012d}"
+    write_checkpoint(model, path, algo, run_dir)
     for old in checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        shutil.rmtree(old)  # a real folder inside checkpoints/: rmtree follows no link inside it
     return path
 
 
+def _checkpoint_root(run_dir: Path) -> Path:
+    """``run_dir/checkpoints``: inside the run folder and not a link (a link would send writes and
+    deletions to another run's folder)."""
+    root = write_target(run_dir / CHECKPOINT_DIR, run_dir)
+    if root.exists() and not root.is_dir():
+        raise ReceivedFileError(f"{root}: is not a folder")
+    return root
+
+
 def checkpoint_steps(checkpoint: Path) -> int:
-    """The step count a checkpoint folder (``step_<N>``) was saved at."""
-    return int(checkpoint.name.removeprefix("step_"))
+    """The step count a checkpoint folder (``step_<N>``) was saved at (its manifest agrees: :func:`checkpoints`)."""
+    match = STEP_NAME.fullmatch(checkpoint.name)
+    if match is None:
+        raise CheckpointError(checkpoint, "not a checkpoint folder name (step_<N>, N a step count)")
+    return int(match.group(1))
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    root = run_dir / CHECKPOINT_DIR
-    found = [p for p in root.glob("step_*") if p.is_dir() and is_checkpoint(p)] if root.is_dir() else []
-    return sorted((p for p in found if not p.name.endswith(".tmp")), key=lambda p: p.name)
+    """The run's complete checkpoints, oldest first by step.
+
+    Each is a real folder ``checkpoints/step_<N>`` whose manifest says step N; unfinished ones
+    (``.tmp``, or no manifest yet) are skipped; a link, or a ``step_`` name that is no step count
+    (``step_-5``), is refused with one line.
+    """
+    root = _checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(root):
+        path = Path(entry.path)
+        if not entry.name.startswith("step_") or entry.name.endswith(".tmp"):
+            continue
+        if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            raise CheckpointError(path, "is a link or a file; a checkpoint is a folder inside the run folder")
+        step = checkpoint_steps(path)
+        if not is_checkpoint(path):
+            continue
+        saved = read_manifest(path)["num_timesteps"]
+        if saved != step:
+            raise CheckpointError(
+                path / "checkpoint.json", f"field 'num_timesteps' is {saved}, the folder's name says {step}"
+            )
+        found.append((step, path))
+    return [path for _, path in sorted(found)]
 
 
 def legacy_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint files of SB3's pickle format in ``run_dir`` (written before the safetensors format)."""
-    return sorted(p for name in LEGACY_FILES for p in run_dir.glob(f"*/**/{name}"))
+    """Checkpoint files of SB3's pickle format in ``run_dir`` (written before the safetensors format);
+    the walk follows no link out of the run folder."""
+    found = []
+    for parent, _, files in os.walk(run_dir):  # followlinks=False
+        if Path(parent) != run_dir:
+            found += [Path(parent) / name for name in files if name in LEGACY_FILES]
+    return sorted(found)
 
 
 def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list[Path]:
@@ -408,31 +492,39 @@ def prepare_run_dir(run_dir: Path, config: dict[str, Any], resume: bool) -> list
     then writes ``config`` as the folder's ``config.yaml``."""
     legacy = legacy_checkpoints(run_dir)
     if legacy:
-        raise SystemExit(
+        raise InputExit(
             f"{run_dir} holds checkpoints in SB3's pickle format ({legacy[0]}), which this version never "
             "loads (loading a pickle can run code, SECURITY.md); start a new run in another hydra.run.dir"
         )
     found = checkpoints(run_dir)
     saved = run_dir / CONFIG_FILE
     if found and not resume:
-        raise SystemExit(f"{run_dir} already holds checkpoints; pass resume=true or another hydra.run.dir")
+        raise InputExit(f"{run_dir} already holds checkpoints; pass resume=true or another hydra.run.dir")
     if found:
-        changed = config_differences(identity(yaml.safe_load(saved.read_text())), identity(config))
+        old = load_yaml(saved, run_dir)  # plain data: no aliases, no interpolation resolved
+        if not isinstance(old, dict):
+            raise ReceivedFileError(f"{saved}: expected a mapping of config keys, got {type(old).__name__}")
+        changed = config_differences(identity(old), identity(config))
         if changed:
-            raise SystemExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
-    atomic_write_text(saved, yaml.safe_dump(config, sort_keys=False))
+            raise InputExit(f"cannot resume {run_dir}: config changed: {'; '.join(changed)}")
+    atomic_write_text(saved, yaml.safe_dump(config, sort_keys=False), run_dir)
     return found
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` without the keys a resumed run may change: what the config hash covers."""
-    out = json.loads(json.dumps(config))
+    """``config`` without the keys a resumed run may change: what the config hash covers.
+
+    A run folder's config.yaml may hold any YAML: values JSON lacks (dates) become strings, and a
+    key's parent that is no mapping is left alone, so that the comparison names the difference.
+    """
+    out = json.loads(json.dumps(config, default=str))
     for dotted in RESUMABLE_CHANGES:
         *parents, last = dotted.split(".")
         node = out
         for p in parents:
-            node = node.get(p, {})
-        node.pop(last, None)
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(last, None)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ def mutated_folders(
         folder = out / str(i)
         folder.mkdir()
         for name in others:
-            (folder / name).symlink_to(original / name)
+            os.link(original / name, folder / name)  # a hard link: the readers refuse symbolic ones
         (folder / manifest).write_text(json.dumps(changed))
         yield path, value, folder
         shutil.rmtree(folder)

@@ -12,23 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import Adaptive, Sarathi
+from envs.serving.budgets import BudgetPrefixes, EachBudget, budget_plans, one_pass_planning
 from envs.serving.capacity import ProbeRun
 from envs.serving.cost_model import CostModel
 from envs.serving.levels import BUDGET_LEVELS, adaptive_level
 from envs.serving.request import Request
-from envs.serving.scheduling import (
-    Admission,
-    BudgetPrefixes,
-    EachBudget,
-    Plan,
-    Policy,
-    Rule,
-    ServingView,
-    budget_planning,
-    budget_plans,
-    plan_budget,
-    plan_latency,
-)
+from envs.serving.scheduling import Admission, Plan, Policy, Rule, ServingView, plan_budget, plan_latency
+from envs.serving.shortcuts import NO_SHORTCUTS, Shortcuts
 from tests.simtools import make_setup, make_sim, make_trace
 
 UNIT = 32
@@ -123,7 +113,7 @@ def test_one_pass_agrees_with_planning_each_budget_in_any_state(state, budgets, 
             assert prefixes.latency(budget) == plan_latency(state, ref), (budget, rule, admission)
         both = []
         for one_pass in (True, False):
-            with budget_planning(one_pass):
+            with one_pass_planning(one_pass):
                 level, plan = adaptive_level(state, BUDGET_LEVELS, rule, target_s, admission)
             both.append((level, _chunks(plan)))
         assert both[0] == both[1], (rule, admission)
@@ -179,7 +169,7 @@ class _AdaptiveBothWays(Policy):
             for target_s in (0.0, 0.01, 0.03, 0.1, 1.0):
                 both = []
                 for one_pass in (True, False):
-                    with budget_planning(one_pass):
+                    with one_pass_planning(one_pass):
                         level, plan = adaptive_level(view, BUDGET_LEVELS, rule, target_s, admission)
                     both.append((level, _chunks(plan)))
                 assert both[0] == both[1], (rule, admission, target_s)
@@ -220,8 +210,8 @@ def test_adaptive_runs_are_identical_with_the_one_pass_planner_on_and_off(
     for one_pass in (True, False):
         policy = _Recording(Adaptive(fraction, rule, spend_slack, admission=admission))
         sim = make_sim(trace, **serving)
-        with budget_planning(one_pass):
-            metrics = sim.run(policy).metrics
+        sim.core.shortcuts = Shortcuts(one_pass_budgets=one_pass)
+        metrics = sim.run(policy).metrics
         metrics.pop("sim_wall_s")
         runs.append((policy.seen, [(r.status, r.violated, r.generated) for r in sim.core.requests], metrics))
     (seen_on, reqs_on, m_on), (seen_off, reqs_off, m_off) = runs
@@ -253,7 +243,7 @@ def test_a_plan_adaptive_priced_runs_for_the_price_the_clock_would_give_it(case,
     sim.run(Adaptive(fraction, rule))
     assert all(priced)
     assert priced or fraction < 1 or len(sim.core.rejected) == len(trace)  # unless no prompt was served
-    with budget_planning(one_pass=False):
+    with one_pass_planning(one_pass=False):
         assert adaptive_level(sim.view, BUDGET_LEVELS, Rule.FCFS, 0.1)[1].latency is None
 
 
@@ -280,12 +270,12 @@ def test_a_budget_above_the_one_planned_for_is_refused():
         BudgetPrefixes(sim.view, 1024, Rule.FCFS, Admission.SKIP).plan(1025)
 
 
-def test_the_one_pass_planner_is_the_default_and_budget_planning_restores_it():
+def test_the_one_pass_planner_is_the_default_and_one_pass_planning_restores_it():
     sim = make_sim(make_trace([0.0], [100], [5]))
     sim.advance_to_work()
     plans = lambda: budget_plans(sim.view, 1024, Rule.FCFS, Admission.SKIP)  # noqa: E731
     assert isinstance(plans(), BudgetPrefixes)
-    with pytest.raises(RuntimeError), budget_planning(one_pass=False):
+    with pytest.raises(RuntimeError), one_pass_planning(one_pass=False):
         assert isinstance(plans(), EachBudget)
         raise RuntimeError
     assert isinstance(plans(), BudgetPrefixes)
@@ -299,6 +289,17 @@ class _PlannerSeen(Policy):
     def plan(self, view: ServingView) -> Plan:
         _PlannerSeen.kinds.append(type(budget_plans(view, 512, Rule.FCFS, Admission.SKIP)))
         return plan_budget(view, 512)
+
+
+@pytest.mark.parametrize("shortcuts, kind", [(NO_SHORTCUTS, EachBudget), (Shortcuts(), BudgetPrefixes)])
+def test_a_run_plans_budgets_as_its_cores_shortcuts_say(shortcuts, kind):
+    """The loop takes the planning mode from the one switch, whatever the caller's context says."""
+    _PlannerSeen.kinds = []
+    sim = make_sim(make_trace([0.0, 0.1], [300, 200], [4, 4]))
+    sim.core.shortcuts = shortcuts
+    with one_pass_planning(kind is EachBudget):  # the opposite: the run's switch wins
+        sim.run(_PlannerSeen())
+    assert _PlannerSeen.kinds and set(_PlannerSeen.kinds) == {kind}
 
 
 @pytest.mark.parametrize("early_stop, kind", [(False, EachBudget), (True, BudgetPrefixes)])

@@ -147,7 +147,7 @@ def test_train_py_reports_missing_data_in_one_line_without_a_traceback(tmp_path)
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error:") and data.FETCH_COMMAND in lines[0]
@@ -166,7 +166,7 @@ def test_tools_report_missing_data_in_one_line_without_a_traceback(tmp_path, com
     proc = subprocess.run(
         [sys.executable, *args], cwd=chunkgym.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{tool}: error:") and data.FETCH_COMMAND in lines[0]
 

@@ -129,8 +129,9 @@ def test_sarathi_beats_fcfs_on_the_stall_trace(tiny) -> None:
 
 @pytest.mark.slow
 def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, tmp_path) -> None:
-    out, _, _ = tiny
-    ok = evaluate(f"validate={out / 'results.csv'}", "progress=false", f"output_dir={tmp_path / 'v1'}")
+    out, _, trace = tiny
+    allow = f"allow_paths=[{trace}]"  # the file: trace the rows name, allowed as a received file's must be
+    ok = evaluate(f"validate={out / 'results.csv'}", allow, "progress=false", f"output_dir={tmp_path / 'v1'}")
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "reproduce" in ok.stdout
 
@@ -141,7 +142,7 @@ def test_validate_passes_on_untouched_results_and_names_a_tampered_value(tiny, t
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    bad = evaluate(f"validate={tampered}", "progress=false", f"output_dir={tmp_path / 'v2'}")
+    bad = evaluate(f"validate={tampered}", allow, "progress=false", f"output_dir={tmp_path / 'v2'}")
     assert bad.returncode != 0
     assert "row 3 (" in bad.stderr and "column goodput_rps: expected" in bad.stderr
     assert "1 value(s)" in bad.stderr

@@ -97,10 +97,13 @@ def test_one_server_serves_as_the_single_server_loop(router: str, policy: str) -
 
 
 @pytest.mark.parametrize("router", sorted(ROUTERS))
-def test_lazy_views_route_as_eager_stepping(router: str) -> None:
-    setup = make_setup(num_blocks=600)
+@pytest.mark.parametrize("max_model_len", [0, 300])  # 300: some prompts are rejected at admission
+def test_lazy_views_route_as_eager_stepping(router: str, max_model_len: int) -> None:
+    setup = make_setup(num_blocks=600, max_model_len=max_model_len)
     trace = hashed_trace(200, seed=1, rate=90.0)
-    assert same_run(fleet_of(setup, trace, 3, router).run(), run_eagerly(fleet_of(setup, trace, 3, router)))
+    lazy = fleet_of(setup, trace, 3, router).run()
+    assert same_run(lazy, run_eagerly(fleet_of(setup, trace, 3, router)))
+    assert (lazy.metrics["rejected"] > 0) == (max_model_len > 0)
 
 
 @settings(max_examples=12, deadline=None)

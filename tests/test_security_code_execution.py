@@ -110,7 +110,7 @@ def test_evaluate_validate_with_a_planted_policy_column_runs_nothing(tmp_path, m
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 1 and "unknown policy" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "unknown policy" in proc.stderr, proc.stderr[-2000:]
     assert not marker.exists()
 
 

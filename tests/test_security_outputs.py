@@ -87,14 +87,14 @@ def test_a_second_evaluate_into_the_same_output_dir_fails_at_once(tmp_path):
             *GRID, "seeds=[0]", f"output_dir={out}", stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1 and "is in use by another evaluate.py run" in err, err[-2000:]
+        assert proc.returncode == 2 and "is in use by another evaluate.py run" in err, err[-2000:]
         assert not (out / "results.csv").exists()
         # the arguments are checked first: a bad one is reported as such, lock or not
         bad = run_evaluate(
             *GRID, "seeds=[0]", "load_scales=[-1.0]", f"output_dir={out}", stderr=subprocess.PIPE
         )
         _, err = bad.communicate(timeout=120)
-        assert bad.returncode == 1 and "load_scales must be positive" in err, err[-2000:]
+        assert bad.returncode == 2 and "load_scales must be positive" in err, err[-2000:]
     assert time.perf_counter() - started < 120
 
 

@@ -6,7 +6,11 @@ import pytest
 from baselines import Adaptive, PrefillFirst, Sarathi
 from envs.serving import simulator
 from envs.serving.scheduling import Plan, Policy, Rule, plan_budget
+from envs.serving.shortcuts import Shortcuts
 from tests.simtools import make_setup, make_sim, make_trace
+
+STEPPED = Shortcuts(fast_forward=False, chunk_stretches=False)
+"""Every iteration planned and booked one at a time, decode-only ones too."""
 
 
 def test_lone_request_ttft_is_its_prefill_and_tokens_are_exact():
@@ -48,8 +52,10 @@ def test_fast_forward_gives_identical_results(policy):
     rng = np.random.default_rng(3)
     n = 60
     trace = make_trace(np.sort(rng.uniform(0, 5, n)), rng.integers(1, 3000, n), rng.integers(1, 300, n))
-    a = make_sim(trace).run(policy, fast_forward=True)
-    b = make_sim(trace).run(policy, fast_forward=False)
+    a = make_sim(trace).run(policy)
+    stepped = make_sim(trace)
+    stepped.core.shortcuts = STEPPED
+    b = stepped.run(policy)
     assert a.token_times.keys() == b.token_times.keys()
     for rid, t in a.token_times.items():
         np.testing.assert_array_equal(t, b.token_times[rid])
@@ -69,7 +75,9 @@ def test_fast_forwarded_stretches_are_bit_identical_to_single_steps(monkeypatch,
     runs = []
     for fast in (True, False):
         sim = make_sim(trace, num_blocks=num_blocks)
-        runs.append((sim.run(Sarathi(512), fast_forward=fast), sim))
+        if not fast:
+            sim.core.shortcuts = STEPPED
+        runs.append((sim.run(Sarathi(512)), sim))
     (a, sim_a), (b, sim_b) = runs
     assert a.metrics["iterations"] > 1000
     for name in a.iterations:

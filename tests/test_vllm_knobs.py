@@ -25,6 +25,7 @@ pytest.importorskip(
 
 from baselines import VllmV1  # noqa: E402
 from envs.serving.scheduling import Plan, Policy, ServingView  # noqa: E402
+from envs.serving.shortcuts import NO_SHORTCUTS  # noqa: E402
 from tests.models import tiny_llama  # noqa: E402
 from tests.simtools import make_sim, make_trace  # noqa: E402
 
@@ -155,8 +156,9 @@ def _simulated(knobs: dict[str, Any], block_size: int, num_blocks: int) -> Steps
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN,
     )
+    sim.core.shortcuts = NO_SHORTCUTS  # every iteration planned, decode-only ones too
     recorded = Recorded(VllmV1(**knobs))
-    result = sim.run(recorded, fast_forward=False)  # every iteration planned, decode-only ones too
+    result = sim.run(recorded)
     assert result.metrics["finished"] == len(PROMPTS)
     return recorded.steps
 

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import Sarathi, VllmV1
-from envs.serving.core import NO_SHORTCUTS, ServingCore, Shortcuts
+from envs.serving.core import ServingCore
 from envs.serving.scheduling import Plan, Policy, ServingView
+from envs.serving.shortcuts import NO_SHORTCUTS, Shortcuts
 from policies.registry import make_policy
 from tests.simtools import make_sim, make_trace
 
@@ -24,16 +25,18 @@ def _chunks(plan: Plan) -> list[tuple[int, int]]:
 
 
 def _at_start(prompts, outputs=None, **serving):
-    """A simulator with every prompt queued at t=0, and its view."""
+    """A simulator with every prompt queued at t=0, and its view; it plans every iteration, decode-only
+    ones too, so :func:`_after` stops at the first iteration boundary past its time."""
     outputs = outputs if outputs is not None else [5] * len(prompts)
     sim = make_sim(make_trace([0.0] * len(prompts), prompts, outputs), **serving)
+    sim.core.shortcuts = NO_SHORTCUTS
     sim.advance_to_work()
     return sim, sim.view
 
 
 def _after(sim, policy: Policy, until_s: float) -> ServingView:
     """The view once ``policy`` has served up to ``until_s`` (the next iteration's state)."""
-    sim.run_until(policy, until_s=until_s, fast_forward=False)
+    sim.run_until(policy, until_s=until_s)
     sim.advance_to_work()
     return sim.view
 
@@ -241,8 +244,9 @@ def test_every_plan_is_what_vllms_schedule_loop_gives(case):
     docstring names are out of play, so every plan must be vLLM's, decodes included."""
     trace, serving, knobs = case
     sim = make_sim(trace, **serving)
+    sim.core.shortcuts = NO_SHORTCUTS  # every iteration planned, so every plan is checked
     checking = AgainstVllm(knobs)
-    result = sim.run(checking, fast_forward=False)
+    result = sim.run(checking)
     assert sim.core.preemptions == 0
     assert checking.checked >= 1
     assert result.metrics["finished"] == len(trace.prompt_len)
@@ -287,7 +291,9 @@ def traces(draw):
 def test_neutral_knobs_plan_what_sarathi_with_stop_admission_plans(case):
     trace, serving, budget = case
     checking = AgainstSarathi(budget)
-    checked = make_sim(trace, **serving).run(checking, fast_forward=False)
+    checked_sim = make_sim(trace, **serving)
+    checked_sim.core.shortcuts = NO_SHORTCUTS  # every iteration planned, so every plan is checked
+    checked = checked_sim.run(checking)
     assert checking.checked >= (checked.metrics["finished"] > 0)
     a = make_sim(trace, **serving).run(VllmV1(budget))
     b = make_sim(trace, **serving).run(Sarathi(budget, admission="stop"))

@@ -13,13 +13,15 @@ parallel=1`` is the reference path):
   (:mod:`envs.serving.early`): it ends the moment its pass/fail is proven, and it records
   no iteration log and builds no summary (nothing reads them); ``tbt`` probes always run
   to the end and are judged on the summary.
-* core shortcuts (:class:`~envs.serving.core.Shortcuts`): cheaper SLO verdicts and stretch
-  bookkeeping, chunk stretches run without asking the policy (:meth:`~envs.serving.scheduling.Policy.follow`),
-  a segment up to the next event at a time (the probe's stop is a :class:`~envs.serving.loop.CountStop`),
-  and with ``early_stop`` a latency EWMA folded only if read; and the planner's:
-  every budget level of an iteration from one pass (:func:`~envs.serving.scheduling.budget_plans`),
-  whose plans carry the price it computed, so the clock does not price them again
-  (``Plan.latency``).  The reference path's probes run with none of them.
+* shortcuts, one switch (:class:`~envs.serving.shortcuts.Shortcuts`, set on the probe's core):
+  cheaper SLO verdicts and stretch bookkeeping, decode fast-forward, chunk stretches run without
+  asking the policy (:class:`~envs.serving.stretches.FollowsChunks`), a segment up to the next
+  event at a time (the probe's stop is a :class:`~envs.serving.loop.CountStop`), every budget
+  level of an iteration from one pass (:func:`~envs.serving.budgets.budget_plans`), whose plans
+  carry the price it computed, so the clock does not price them again (``Plan.latency``), and
+  with ``early_stop`` a latency EWMA folded only if read and no iteration log
+  (:data:`~envs.serving.shortcuts.PROBE_SHORTCUTS`).  The reference path's probes run with none
+  of them (:data:`~envs.serving.shortcuts.NO_SHORTCUTS`).
 * speculative search: with ``parallel=k``, k probes run at once, the next one of the
   sequential search and, breadth first, those it would make after each possible outcome;
   the search then follows the outcomes exactly as the sequential one does, so it decides
@@ -39,19 +41,30 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from chunkgym import backends
-from envs.serving.core import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.early import Attain90Stop
 from envs.serving.fleet import ONE_SERVER, FleetSpec
-from envs.serving.loop import UnrecordedLog
 from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
 from envs.serving.routing import Router
-from envs.serving.scheduling import Policy, budget_planning
+from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
+from envs.serving.shortcuts import NO_SHORTCUTS, PROBE_SHORTCUTS
 from envs.serving.simulator import Simulator
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 
 CRITERIA = ("attain90", "tbt")
+MIN_REL_TOL = 1e-6
+"""The narrowest relative bracket a search may ask for: about 20 bisections from a factor-2 bracket;
+below machine precision the bisection would never end."""
+MAX_PROBES = 64
+"""Probes one search may make: doubling or halving between 1/64 and 1024 takes at most 17 and
+bisecting to :data:`MIN_REL_TOL` about 20; more means the search is not converging."""
+
+
+def check_rel_tol(rel_tol: float) -> None:
+    """A search's relative tolerance: in ``[MIN_REL_TOL, 1)``."""
+    if not MIN_REL_TOL <= rel_tol < 1:
+        raise ValueError(f"capacity rel_tol must be in [{MIN_REL_TOL:g}, 1), got {rel_tol!r}")
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,7 @@ class ProbeRun:
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
-        with budget_planning(one_pass=self.early_stop):
-            probe = self._run(scale, trace)
+        probe = self._run(scale, trace)
         return replace(probe, seconds=time.process_time() - start)
 
     def _run(self, scale: float, trace: Trace) -> Probe:
@@ -124,7 +136,6 @@ class ProbeRun:
             fleet.set_shortcuts(NO_SHORTCUTS)
         elif self.criterion == "attain90":
             proof = Attain90Stop.for_requests(len(trace))
-            fleet.set_log(UnrecordedLog)
             fleet.set_shortcuts(PROBE_SHORTCUTS)
             stop = fleet.count_stop(proof.good, proof.bad)
             early = fleet.run_until(stop)
@@ -143,7 +154,6 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     """Serve until ``proof`` knows the outcome, unrecorded: it always does by the end, where
     every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
     core = sim.core
-    sim.log = UnrecordedLog()
     core.shortcuts = PROBE_SHORTCUTS
     policy.reset(sim.view)
     proven = proof.watching(core)
@@ -180,6 +190,7 @@ class CapacityQuery:
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
             raise ValueError(f"unknown capacity criterion {self.criterion!r}; valid: {', '.join(CRITERIA)}")
+        check_rel_tol(self.rel_tol)
 
     def trace_at(self, scale: float) -> Trace:
         if self.whole_split:
@@ -269,9 +280,14 @@ def sequential_search(
     query: SearchQuery, run: Callable[[float, Trace], Probe]
 ) -> tuple[CapacityResult, dict[float, Probe]]:
     """The reference search: :func:`metrics.capacity_search`, one probe at a time."""
+    check_rel_tol(query.rel_tol)
     probes: dict[float, Probe] = {}
 
     def passes(scale: float) -> bool:
+        if len(probes) >= MAX_PROBES:
+            raise RuntimeError(
+                f"capacity search: {MAX_PROBES} probes without converging (rel_tol={query.rel_tol!r})"
+            )
         probes[scale] = probe = run(scale, query.trace_at(scale))
         return probe.passed
 
@@ -302,6 +318,8 @@ def speculative_search(
     cancelled (a process pool drops the queued ones; Ray also stops the running ones).
     ``known``: probes each search already has (by scale), which it follows without running again.
     """
+    for query in queries:
+        check_rel_tol(query.rel_tol)
     done: list[dict[float, Probe]] = [dict(k) for k in known] if known is not None else [{} for _ in queries]
     results: dict[int, CapacityResult] = {}
     running: dict[tuple[int, float], Future[Probe]] = {}
@@ -328,6 +346,10 @@ def speculative_search(
                 results[i] = state
                 continue
             history, scale = state
+            if len(history) >= MAX_PROBES:
+                raise RuntimeError(
+                    f"capacity search: {MAX_PROBES} probes without converging (rel_tol={query.rel_tol!r})"
+                )
             frontiers.append(_frontier(i, history, done[i], rel_tol=query.rel_tol))
             nexts.append((i, scale))
         if len(results) == len(queries):

@@ -8,16 +8,13 @@ Per iteration :class:`~envs.serving.loop.ServingLoop` calls::
     ...an executor runs the batch: cost model or real forward pass -> t_end...
     core.end(batch, t_end)        # progress, token emissions, finishes, SLO bookkeeping
 
-Decoding requests form one *decode group* that steps together (plans step all
-decodes or none), so a decode iteration costs O(1) Python work however many users
-stream: the group keeps a decode clock, the end time of every decode iteration, and
-aggregates (members, summed KV, KV-block phases).  A member's token times are the
-decode end times over its clock range, so every token's time is exact.
+Decoding requests form one :class:`~envs.serving.decode_group.DecodeGroup` that steps
+together; the SLO verdicts are kept by a :class:`~envs.serving.slo_book.SloBook`; which fast
+paths a run takes is its :attr:`ServingCore.shortcuts` (:mod:`envs.serving.shortcuts`).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,10 +23,13 @@ from typing import cast
 import numpy as np
 
 from envs.serving.cost_model import CostModel
+from envs.serving.decode_group import DecodeGroup
 from envs.serving.kv_cache import BlockManager
-from envs.serving.metrics import SLO, meets_slo, stall_of, tpot_of
+from envs.serving.metrics import SLO
 from envs.serving.request import Request, Status
 from envs.serving.scheduling import Plan, blocks_needed, may_prefill
+from envs.serving.shortcuts import Shortcuts
+from envs.serving.slo_book import SloBook
 from envs.serving.specs import HardwareSpec, ModelSpec, kv_capacity_tokens
 from envs.serving.traffic import TrafficStats
 from envs.serving.workloads.trace import Trace
@@ -50,40 +50,6 @@ class ServingConfig:
     num_blocks: int = 0  # KV blocks; 0 = from memory (see specs.kv_capacity_tokens)
 
 
-@dataclass(frozen=True)
-class Shortcuts:
-    """Bookkeeping the core may skip or defer, each with bit-identical results.
-
-    ``verdicts``, ``stretches`` and ``chunk_stretches`` are on by default, ``deferred_ewma`` for
-    capacity probes (:data:`PROBE_SHORTCUTS`); the reference path (a capacity search with ``early_stop=False``,
-    and the tests that compare both) runs with none (:data:`NO_SHORTCUTS`), so its runs measure
-    and check them.
-    """
-
-    # A finishing request's SLO verdict from its first and last token times, its token count and
-    # its largest resume gap (the gaps the decode steps do not check), not from its token-time
-    # array; the arrays are built when ``token_times`` is read.
-    verdicts: bool = True
-    # A fast-forwarded stretch's TPOT slack is summed with numpy (in sequence).
-    stretches: bool = True
-    # The loop runs the iterations that give one running prompt the chunk its policy's ``follow``
-    # names, without asking the policy to plan, on executors whose clock planning does not move
-    # (:meth:`~envs.serving.scheduling.Policy.follow`; the simulator's, not a real engine's).
-    chunk_stretches: bool = True
-    # With ``chunk_stretches``, a stretch whose follower says how long its answer holds
-    # (``SteadyFollower``: Sarathi's, adaptive's) runs in segments, each priced and checked in one
-    # loop up to its next event and booked at once, on the simulator's clock, when the run's
-    # ``stop`` is none or a ``CountStop`` (``CostModelClock.run_segment``).
-    segments: bool = True
-    # Iteration latencies wait in a list and are folded into ``latency_ewma`` when it is read: for
-    # runs whose policy never reads it (capacity probes of the baselines); the list grows until then.
-    deferred_ewma: bool = False
-
-
-NO_SHORTCUTS = Shortcuts(verdicts=False, stretches=False, chunk_stretches=False, segments=False)
-PROBE_SHORTCUTS = Shortcuts(deferred_ewma=True)
-
-
 @dataclass
 class Batch:
     """What one iteration computes, as the executor needs it."""
@@ -94,158 +60,9 @@ class Batch:
     latency: float | None = None  # the plan's price (Plan.latency): predict_latency of this batch
 
 
-class DecodeGroup:
-    """Every request in its decode phase, stepped together."""
-
-    def __init__(self, block_size: int, tpot_s: float) -> None:
-        self.bs = block_size
-        self.tpot_s = tpot_s
-        self.clock = 0  # decode iterations run so far
-        self.n = 0
-        self._offset = 0  # sum over members of (kv0 - join clock)
-        self.phase = [0] * block_size  # members per (kv0 - join) mod block_size
-        self.members: dict[int, Request] = {}  # rid -> request, in join order
-        self.finish_heap: list[tuple[int, int, int, Request]] = []  # (finish clock, rid, join, req)
-        self.end: list[float] = []  # end time of each decode iteration, indexed by decode clock
-        self.last_time = -math.inf
-        self.joiners: list[Request] = []  # joined since the last decode iteration
-        self.n_doomed = 0  # members already known to miss their SLO
-        # TPOT slack of member i, B * (tokens - 1) - (last token - first token), is c_i + slack_base:
-        # every decode step adds B - gap to all members at once.  Heap of (c_i, rid, join, request).
-        self.slack_base = 0.0
-        self._slack_heap: list[tuple[float, int, int, Request]] = []
-
-    def context_sum(self, clock: int) -> int:
-        """KV tokens all members attend to in the decode iteration at ``clock``."""
-        return self._offset + self.n * (clock + 1)
-
-    def context_sums(self, clock: int, count: int) -> np.ndarray:
-        """:meth:`context_sum` of the ``count`` decode iterations from ``clock`` on (int64)."""
-        first, n = self.context_sum(clock), self.n
-        if not n:
-            return np.full(count, first, dtype=np.int64)
-        return np.arange(first, first + n * count, n, dtype=np.int64)
-
-    def block_needs(self, clock: int, count: int) -> np.ndarray:
-        """:meth:`block_need` of the ``count`` decode iterations from ``clock`` on (int64)."""
-        phase = np.array(self.phase, dtype=np.int64)
-        return phase[np.arange(-clock, -clock - count, -1, dtype=np.int64) % self.bs]
-
-    def blocks_over(self, clock: int, count: int) -> int:
-        """:meth:`block_needs` of those iterations, summed: every member needs one block in each
-        ``bs`` iterations in a row."""
-        bs, phase, rounds = self.bs, self.phase, count // self.bs
-        left = count - rounds * bs  # the last iterations', fewer than bs: residues top down from
-        top = -(clock + rounds * bs) % bs  # this one's, wrapping past 0 to bs - 1
-        if left <= top + 1:
-            return rounds * self.n + sum(phase[top + 1 - left : top + 1])
-        return rounds * self.n + sum(phase[: top + 1]) + sum(phase[bs - (left - top - 1) :])
-
-    def block_need(self, clock: int) -> int:
-        """New KV blocks the members need for the decode iteration at ``clock``."""
-        return self.phase[-clock % self.bs] if self.n else 0
-
-    def join(self, req: Request) -> None:
-        req.status = Status.DECODING
-        req.decode_join = j = self.clock
-        req.decode_kv0 = kv0 = req.computed
-        self.n += 1
-        self.n_doomed += req.violated
-        self._offset += kv0 - j
-        self.phase[(kv0 - j) % self.bs] += 1
-        self.members[req.rid] = req
-        remaining = req.output_len - req.generated
-        heapq.heappush(self.finish_heap, (j + remaining, req.rid, j, req))
-        self.joiners.append(req)
-
-    def leave(self, req: Request) -> int:
-        """Remove ``req``; records its decode tokens; returns its KV tokens now."""
-        j, kv0 = req.decode_join, req.decode_kv0
-        steps = self.clock - j
-        self.n -= 1
-        self._offset -= kv0 - j
-        self.phase[(kv0 - j) % self.bs] -= 1
-        del self.members[req.rid]
-        self.n_doomed -= req.violated
-        if steps:
-            req.emissions.append((j, self.clock))
-            req.generated += steps
-        if req in self.joiners:
-            self.joiners.remove(req)
-        return kv0 + steps
-
-    def record(self, t_end: float) -> None:
-        """A decode iteration ended at ``t_end``: log it, advance the clock, track TPOT slack."""
-        tpot = self.tpot_s
-        if self.n > len(self.joiners):  # members that emitted at last_time gain B minus this gap
-            self.slack_base += tpot - (t_end - self.last_time)
-        if self.joiners:
-            for req in self.joiners:
-                # A joiner's first and latest emissions are prefill tokens: times, not decode ranges.
-                first, last = cast(float, req.emissions[0]), cast(float, req.emissions[-1])
-                slack = tpot * (req.generated - 1) - (last - first) + tpot - (t_end - last)
-                heapq.heappush(self._slack_heap, (slack - self.slack_base, req.rid, req.decode_join, req))
-            self.joiners = []
-        self.end.append(t_end)
-        self.last_time = t_end
-        self.clock += 1
-
-    def record_stretch(
-        self, ends: list[float], gaps: np.ndarray | None = None, slack: float | None = None
-    ) -> None:
-        """Decode iterations ended at ``ends``, no member joining: :meth:`record` once per end, in
-        one call (the slack sums in the same order, so bit for bit the same state).  ``gaps``, if
-        given: ``ends`` minus each one's previous end (the first's: ``last_time``), as numpy
-        computed them, so the slack is one sequential ``np.cumsum``; ``slack``, if given: the sum
-        itself, as the caller's loop added it up (:meth:`record`'s operations in its order)."""
-        tpot, last = self.tpot_s, self.last_time
-        if slack is None:
-            slack = self.slack_base
-            if gaps is None:
-                for t_end in ends:
-                    slack += tpot - (t_end - last)
-                    last = t_end
-            else:
-                slack = float(np.concatenate(([slack], tpot - gaps)).cumsum()[-1])
-        self.slack_base = slack
-        self.end.extend(ends)
-        self.last_time = ends[-1]
-        self.clock += len(ends)
-
-    def min_tpot_slack(self) -> float:
-        """Least TPOT slack (s) among members still able to meet their SLO; inf if none."""
-        heap = self._slack_heap
-        while heap:
-            _, _, j, req = heap[0]
-            if req.status is Status.DECODING and req.decode_join == j and not req.violated:
-                return heap[0][0] + self.slack_base
-            heapq.heappop(heap)
-        return math.inf
-
-    def pop_finished(self) -> Sequence[Request]:
-        heap = self.finish_heap
-        if not heap or heap[0][0] > self.clock:
-            return ()  # most decode steps: nobody finishes
-        done = []
-        while heap and heap[0][0] <= self.clock:
-            _, _, j, req = heapq.heappop(heap)
-            if req.status is Status.DECODING and req.decode_join == j:
-                done.append(req)
-        return done
-
-    def next_finish(self) -> int:
-        """Decode clock at which the next member finishes (skipping stale heap entries)."""
-        heap = self.finish_heap
-        while heap:
-            _, _, j, req = heap[0]
-            if req.status is Status.DECODING and req.decode_join == j:
-                return heap[0][0]
-            heapq.heappop(heap)
-        return 1 << 62
-
-
 class ServingCore:
-    """Queues, KV cache, decode group and SLO bookkeeping of one serving instance.
+    """Queues, KV cache, decode group and SLO book of one serving instance: admission, preemption
+    and the per-iteration protocol over them.
 
     It satisfies :class:`~envs.serving.scheduling.ServingView` (the properties and queries
     below the bookkeeping), so policies read it directly, typed as the read-only view.
@@ -277,15 +94,11 @@ class ServingCore:
         self.rejected: list[Request] = []
         self._shortcuts = Shortcuts()
         self._token_times: dict[int, np.ndarray] = {}  # of finished[:len(it)], in finish order
-        self.n_good = 0  # requests known to meet their SLO (finished within all bounds)
-        self.n_bad = 0  # requests known to miss it (as soon as it is known)
-        self.n_credited = 0  # requests whose first token met TTFT while still in the running
-        self.n_uncredited = 0  # of those, the ones later found to miss their SLO
+        self.book = SloBook(slo, self.decode)  # the SLO verdicts known so far
         self.n_running_prefill = 0  # queued requests holding a batch slot
         self.preemptions = 0
         self._preempt_seq = 0
         self._start_seq = 0
-        self._deadlines: list[tuple[float, int, Request]] = []
         self.last_latency = 0.0
         self._latency_ewma = 0.0
         # Latencies not in the EWMA yet (deferred_ewma): one iteration's, or a stretch's (start, ends).
@@ -330,6 +143,26 @@ class ServingCore:
         if self.now or self.next_arrival:
             raise ValueError(f"shortcuts are set before a run starts; this one is at t={self.now:.6f}s")
         self._shortcuts = value
+
+    @property
+    def n_good(self) -> int:
+        """Requests known to meet their SLO (finished within all bounds)."""
+        return self.book.n_good
+
+    @property
+    def n_bad(self) -> int:
+        """Requests known to miss it (as soon as it is known)."""
+        return self.book.n_bad
+
+    @property
+    def n_credited(self) -> int:
+        """Requests whose first token met TTFT while still in the running."""
+        return self.book.n_credited
+
+    @property
+    def n_uncredited(self) -> int:
+        """Of those, the ones later found to miss their SLO."""
+        return self.book.n_uncredited
 
     @property
     def token_times(self) -> dict[int, np.ndarray]:
@@ -434,14 +267,8 @@ class ServingCore:
         self.next_arrival = i
 
     def next_deadline(self) -> float:
-        """The earliest TTFT deadline of a request still waiting for its first token and not known to
-        miss it (inf: none); the ones before it are dropped, as :meth:`_expire_deadlines` would."""
-        heap = self._deadlines
-        while heap:
-            if _awaits_first_token(heap[0][2]):
-                return heap[0][0]
-            heapq.heappop(heap)
-        return math.inf
+        """The earliest TTFT deadline still watched (:meth:`SloBook.next_deadline`)."""
+        return self.book.next_deadline()
 
     def next_arrival_time(self) -> float:
         """The next event that may bring work: the next submitted arrival, or the :attr:`horizon`."""
@@ -449,21 +276,25 @@ class ServingCore:
         t = self.requests[i].arrival if i < len(self.requests) else math.inf
         return t if t < self.horizon else self.horizon
 
-    def _admit(self, req: Request) -> None:
-        self.traffic.arrive(req.arrival, req.prompt_len)
+    def refusal(self, req: Request) -> str:
+        """Why this server rejects ``req`` at admission ("" if it does not): a property of the request
+        and the server's size alone, so a fleet may ask before routing it."""
         total = req.prompt_len + req.output_len
         if total > self.max_model_len:
-            return self._reject(
-                req, f"prompt+output {total} tokens exceeds max_model_len {self.max_model_len}"
-            )
+            return f"prompt+output {total} tokens exceeds max_model_len {self.max_model_len}"
         blocks = self.kv.blocks_for(total - 1)
         if blocks > self.kv.total:
-            return self._reject(
-                req, f"needs {blocks} KV blocks at full length, the cache holds {self.kv.total}"
-            )
+            return f"needs {blocks} KV blocks at full length, the cache holds {self.kv.total}"
+        return ""
+
+    def _admit(self, req: Request) -> None:
+        self.traffic.arrive(req.arrival, req.prompt_len)
+        reason = self.refusal(req)
+        if reason:
+            return self._reject(req, reason)
         req.ttft_bound = self.slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
         req.deadline = req.arrival + req.ttft_bound
-        heapq.heappush(self._deadlines, (req.deadline, req.rid, req))
+        self.book.watch(req)
         self._match_prefix(req)
         req.prefix_hit = req.computed
         self.traffic.prefix_hit(req.computed / req.prompt_len)
@@ -473,7 +304,7 @@ class ServingCore:
         req.status = Status.REJECTED
         req.reject_reason = reason
         self.rejected.append(req)
-        self._violate(req)
+        self.book.violate(req)
 
     def _match_prefix(self, req: Request) -> None:
         """Reuse cached prefix units (pinned while the request waits); leave >= 1 token to compute."""
@@ -611,8 +442,9 @@ class ServingCore:
         if self.decode.n:
             self._decode_step(t_end)
         self._prefilled(head, tokens)
-        if self._deadlines and self._deadlines[0][0] < t_end:
-            self._expire_deadlines()
+        deadlines = self.book.deadlines
+        if deadlines and deadlines[0][0] < t_end:
+            self.book.expire(t_end)
 
     def run_stretch(
         self,
@@ -657,8 +489,9 @@ class ServingCore:
             self._prefilled(req, n)
             if req.computed == req.target:
                 self._prefill_done(req, t_end)
-        if self._deadlines and self._deadlines[0][0] < t_end:
-            self._expire_deadlines()
+        deadlines = self.book.deadlines
+        if deadlines and deadlines[0][0] < t_end:
+            self.book.expire(t_end)
 
     def _prefilled(self, req: Request, tokens: int) -> None:
         """``req`` computed ``tokens`` more prompt tokens: publish the prefix units it completed."""
@@ -707,10 +540,10 @@ class ServingCore:
         if t_end - dec.last_time > stall:  # every member but the joiners last emitted at last_time
             for req in dec.members.values():
                 if not req.violated and req not in joiners:
-                    self._violate(req)
+                    self.book.violate(req)
         for req in joiners:  # a joiner last emitted when its prefill finished
             if not req.violated and t_end - cast(float, req.emissions[-1]) > stall:
-                self._violate(req)
+                self.book.violate(req)
         dec.record(t_end)
         for req in dec.pop_finished():
             self.finish(req, dec.leave(req))
@@ -736,12 +569,8 @@ class ServingCore:
                 req.resume_gap = gap
         req.emissions.append(t)
         req.generated += 1
-        if req.generated == 1 and not req.violated:
-            if t - req.arrival > req.ttft_bound:
-                self._violate(req)
-            else:
-                req.credited = True
-                self.n_credited += 1
+        if req.generated == 1:
+            self.book.first_token(req, t)
         if req.generated >= req.output_len:
             self.finish(req, req.computed)
         else:
@@ -753,33 +582,11 @@ class ServingCore:
         self._release(req, kv_tokens)
         self.finished.append(req)
         if self._shortcuts.verdicts:
-            if not req.violated:
-                if self._meets_slo_so_far(req):
-                    self.n_good += 1
-                else:
-                    self._violate(req)
+            self.book.judge_so_far(req)
             return
         times = req.token_times(self.decode.end)
         self._token_times[req.rid] = times
-        if not req.violated:
-            if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req.ttft_bound, self.slo):
-                self.n_good += 1
-            else:
-                self._violate(req)
-
-    def _meets_slo_so_far(self, req: Request) -> bool:
-        """:func:`meets_slo` on a finished request not yet known to miss it, without its token times.
-
-        Its TTFT was checked at its first token; every token gap is at most the stall bound:
-        each decode step checked its members' gaps (fast-forward stops before a longer one), and
-        the gaps before resumed prefill tokens are in ``resume_gap``.  TPOT is the same division
-        as :func:`tpot_of`'s, on the same two times, so the verdict is identical.
-        """
-        n = req.generated
-        first = cast(float, req.emissions[0])
-        tpot = (req.last_token_time(self.decode.end) - first) / (n - 1) if n > 1 else 0.0
-        slo = self.slo
-        return first - req.arrival <= req.ttft_bound and tpot <= slo.tpot_s and req.resume_gap <= slo.stall_s
+        self.book.judge(req, times)
 
     def _release(self, req: Request, kv_tokens: int) -> None:
         kv = self.kv
@@ -788,25 +595,6 @@ class ServingCore:
         req.prefix_units = []
         if self.on_release is not None:
             self.on_release(req)
-
-    def _violate(self, req: Request) -> None:
-        req.violated = True
-        self.n_bad += 1
-        self.n_uncredited += req.credited
-        if req.status is Status.DECODING:
-            self.decode.n_doomed += 1
-
-    def _expire_deadlines(self) -> None:
-        """Requests still without a first token past their TTFT bound are known to miss it."""
-        now, heap = self.now, self._deadlines
-        while heap and heap[0][0] < now:
-            _, _, req = heapq.heappop(heap)
-            if _awaits_first_token(req):
-                if now - req.arrival > req.ttft_bound:
-                    self._violate(req)
-                else:  # rounding put the deadline a hair early: look again next iteration
-                    heapq.heappush(heap, (now, req.rid, req))
-                    break
 
     # ---- preemption ----------------------------------------------------------------------
     def _preempt_one(self) -> None:
@@ -847,9 +635,3 @@ def requests_of(trace: Trace) -> list[Request]:
 
 def _start_order(req: Request) -> int:
     return req.start_order
-
-
-def _awaits_first_token(req: Request) -> bool:
-    """Whether ``req``'s TTFT deadline is still watched: it waits for its first token, not yet known
-    to miss its SLO."""
-    return req.generated == 0 and req.status is Status.WAITING and not req.violated

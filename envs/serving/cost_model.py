@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from chunkgym.received import ReceivedFileError, load_yaml
 from envs.serving.engine_overhead import (
     DEFAULT_ENGINE_OVERHEAD,
     EngineOverhead,
@@ -490,12 +490,13 @@ def cost_file_name(hardware: str, model: str, tp: int) -> str:
 def read_cost_file(path: str | Path) -> dict[str, Any]:
     """Parse and validate a coefficient file; ``params`` becomes a :class:`CostParams`."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"cost coefficient file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: not a readable YAML coefficient file ({exc})") from None
+    try:  # a received file: a regular file within the document budget, no aliases, bounded nesting
+        data = load_yaml(path)
+    except ReceivedFileError as exc:
+        reason = exc.detail.removeprefix(f"{path}: ")
+        raise ValueError(f"{path}: not a readable YAML coefficient file ({reason})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     missing = [name for name in COST_FILE_FIELDS if name not in data]

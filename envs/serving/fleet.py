@@ -24,7 +24,6 @@ iterations at the same times (tested), since its stretches already end at every 
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,18 +31,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.serving.core import Shortcuts, requests_of
+from envs.serving.core import requests_of
 from envs.serving.loop import (
     CountStop,
-    IterationLog,
     ServingLoop,
     SimResult,
     iteration_summary,
     request_outcomes,
 )
 from envs.serving.metrics import request_summary
-from envs.serving.routing import Router, ServerView
+from envs.serving.routing import COUNTS, IN_FLIGHT, Router, ServerView
 from envs.serving.scheduling import Policy
+from envs.serving.shortcuts import Shortcuts
 from envs.serving.simulator import CostModelClock
 from envs.serving.workloads.trace import Trace
 
@@ -52,7 +51,7 @@ LINKS = ("nvlink", "ib_400g", "ib_200g", "eth_25g")
 MAX_SERVERS = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)  # a Hydra schema (overridable) and part of a hashable run key
 class FleetSpec:
     """The ``fleet`` schema: how many servers, behind which routers, in which roles.
 
@@ -148,14 +147,14 @@ class Fleet:
         self.seed = seed
         self.requests = requests_of(trace)
         self.next_arrival = 0  # index of the next request to route
-        self.views = tuple(
-            ServerView(i, s.core, functools.partial(self._sync, i)) for i, s in enumerate(self.servers)
-        )
+        self.views = tuple(ServerView(i, s.core, self._sync) for i, s in enumerate(self.servers))
         self._t = -math.inf  # the arrival being routed: views bring their servers to it
         # Per server, a time before which its counts cannot change (settled_until), None: not known.
         self._settled: list[float | None] = [None] * len(self.servers)
+        self._flight_settled: list[float | None] = [None] * len(self.servers)  # in_flight_settled_until
+        self._floors: list[float | None] = [None] * len(self.servers)  # least_iteration_latency
+        self._refusable = [False] * len(self.servers)  # a routed, unadmitted request it will reject
         self._stop: Callable[[], bool] | None = None
-        self._fast_forward = True
         self._started = False
 
     @property
@@ -177,10 +176,6 @@ class Fleet:
         for s in self.servers:
             s.core.shortcuts = shortcuts
 
-    def set_log(self, make_log: Callable[[], IterationLog]) -> None:
-        for s in self.servers:
-            s.log = make_log()
-
     def count_stop(self, good: int, bad: int) -> FleetCountStop:
         """A stop on the fleet's SLO counts (see :class:`FleetCountStop`)."""
         return FleetCountStop(self.servers[0].core, good, bad, self.servers)
@@ -192,35 +187,52 @@ class Fleet:
         self.router.reset(len(self.servers), self.seed)
         self._started = True
 
-    def advance_to(self, t: float, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
+    def advance_to(self, t: float, stop: Callable[[], bool] | None = None) -> bool:
         """Run every server with work to its first iteration boundary at or after ``t`` (idle ones
         wait); True if ``stop()`` held first (the servers then stand where it held)."""
-        return any(self._advance(i, t, stop, fast_forward) for i in range(len(self.servers)))
+        return any(self._advance(i, t, stop) for i in range(len(self.servers)))
 
-    def _advance(self, i: int, t: float, stop: Callable[[], bool] | None, fast_forward: bool) -> bool:
+    def _advance(self, i: int, t: float, stop: Callable[[], bool] | None) -> bool:
         """Run server ``i`` to its first iteration boundary at or after ``t``; True if ``stop()`` held."""
         server, core = self.servers[i], self.servers[i].core
         if core.now >= t or not (core.queue or core.decode.n or core.next_arrival < len(core.requests)):
             return False
         core.horizon = t
-        return server.run_until(self.policies[i], stop=stop, until_s=t, fast_forward=fast_forward) and (
-            stop is not None and stop()
-        )
+        return server.run_until(self.policies[i], stop=stop, until_s=t) and (stop is not None and stop())
 
-    def _sync(self, i: int, counts_only: bool) -> None:
-        """What a view of server ``i`` calls before it reads: bring the server to the arrival being
-        routed, unless only counts are read and none can change before it (:func:`counts_settled`)."""
+    def _sync(self, i: int, reads: int) -> None:
+        """What a view of server ``i`` calls before it reads (``reads``: :data:`~envs.serving.routing.IN_FLIGHT`,
+        :data:`~envs.serving.routing.COUNTS` or :data:`~envs.serving.routing.STATE`): bring the server
+        to the arrival being routed, unless what is read provably stands until then."""
         t = self._t
         if self.servers[i].core.now >= t:
             return
-        if counts_only:
+        if reads == IN_FLIGHT:
+            settled = self._flight_settled[i]
+            if settled is None:
+                server = self.servers[i]
+                if self._refusable[i] and server.core.next_arrival == len(server.core.requests):
+                    self._refusable[i] = False  # every routed request admitted: the refused ones are out
+                self._flight_settled[i] = settled = (
+                    -math.inf if self._refusable[i] else in_flight_settled_until(server, self._floor(i))
+                )
+            if t < settled:
+                return
+        elif reads == COUNTS:
             settled = self._settled[i]
             if settled is None:
                 self._settled[i] = settled = settled_until(self.servers[i])
             if t < settled:
                 return
-        self._settled[i] = None  # the server moves: its counts' horizon is computed again when asked
-        self._advance(i, t, self._stop, self._fast_forward)
+        self._settled[i] = self._flight_settled[i] = None  # the server moves: computed again when asked
+        self._advance(i, t, self._stop)
+
+    def _floor(self, i: int) -> float:
+        """Server ``i``'s least possible iteration latency (0: none known), once per run."""
+        floor = self._floors[i]
+        if floor is None:
+            self._floors[i] = floor = least_iteration_latency(self.servers[i])
+        return floor
 
     def route_next(self) -> int:
         """Route the next arrival (views bring the servers the router reads to its time); the server
@@ -232,17 +244,20 @@ class Fleet:
             raise ValueError(
                 f"router {self.router.name!r} sent request {req.rid} to server {k} of {len(self.servers)}"
             )
-        self.servers[k].core.submit(req)
+        core = self.servers[k].core
+        core.submit(req)
         self._settled[k] = -math.inf  # a request to admit: its counts move at its arrival
+        self._flight_settled[k] = None
+        self._refusable[k] = self._refusable[k] or bool(core.refusal(req))  # leaves flight at admission
         self.next_arrival += 1
         return k
 
-    def run_until(self, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> bool:
+    def run_until(self, stop: Callable[[], bool] | None = None) -> bool:
         """Route every arrival and serve to the end; True if ``stop()`` held first (asked between a
         server's iterations, as :meth:`ServingLoop.run_until` asks it, and before each arrival)."""
         if not self._started:
             self.start()
-        self._stop, self._fast_forward = stop, fast_forward
+        self._stop = stop
         reqs = self.requests
         while self.next_arrival < len(reqs):
             if stop is not None and stop():
@@ -250,14 +265,14 @@ class Fleet:
             self.route_next()
         for server, policy in zip(self.servers, self.policies, strict=True):
             server.core.horizon = math.inf
-            if server.run_until(policy, stop=stop, fast_forward=fast_forward) and stop is not None and stop():
+            if server.run_until(policy, stop=stop) and stop is not None and stop():
                 return True
         return False
 
-    def run(self, stop: Callable[[], bool] | None = None, fast_forward: bool = True) -> SimResult:
+    def run(self, stop: Callable[[], bool] | None = None) -> SimResult:
         """Serve the trace and summarise the run (see :meth:`result`)."""
         wall = time.perf_counter()
-        stopped = self.run_until(stop, fast_forward)
+        stopped = self.run_until(stop)
         result = self.result(time.perf_counter() - wall)
         result.stopped = stopped
         return result
@@ -305,3 +320,46 @@ def settled_until(server: ServingLoop) -> float:
     # next block (one per block_size iterations each) fits in the free KV blocks.
     quiet = min(dec.next_finish() - dec.clock, core.kv.free // dec.n * dec.bs) - 1
     return core.now + quiet * first if quiet > 0 else -math.inf
+
+
+def least_iteration_latency(server: ServingLoop) -> float:
+    """A lower bound on any iteration's latency on ``server`` (0: none known): on a cost-model clock
+    whose latencies never shrink as a batch grows, the smaller of one decode over one token of
+    context and a one-token prefill chunk."""
+    clock = server.executor.chunk_clock
+    if not isinstance(clock, CostModelClock) or not server.core.latency_monotone:
+        return 0.0
+    cost = clock.cost
+    return min(cost.iteration_time(1, 1, (), ()), cost.iteration_time(0, 0, (1,), (0,))) * clock.time_scale
+
+
+def in_flight_settled_until(server: ServingLoop, floor: float) -> float:
+    """A time before which no request of ``server`` finishes or is rejected, so its requests in flight
+    stay as they are (-inf: none known).  Admissions, prefill chunks and preemptions move requests
+    between waiting and running, never in or out of flight (the caller rules out rejections: they are
+    known from the request and the server, :meth:`~envs.serving.core.ServingCore.refusal`).  A finish needs at least as
+    many more iterations as the request has tokens left to emit (the decodes' next finish, a queued
+    prompt's tokens left after its prefill's one), each at least ``floor`` long; and while the KV cache
+    can hold every block the queued prompts and the decodes could take until then (so nobody is
+    preempted), an iteration that steps the decodes costs at least what they cost now."""
+    if not floor > 0:
+        return -math.inf
+    core = server.core
+    kv, dec = core.kv, core.decode
+    steps, blocks = math.inf, 0
+    for req in core.queue:
+        steps = min(steps, req.output_len - req.generated)
+        blocks += kv.blocks_for(req.target + req.output_len - req.generated)
+    for req in core.pending:  # none the server rejects (the fleet asks before it calls this)
+        steps = min(steps, req.output_len)
+        blocks += kv.blocks_for(req.prompt_len + req.output_len)
+    until = core.now + (steps - 1) * floor if steps > 1 else -math.inf
+    if not dec.n:
+        return until  # inf when idle with nothing routed here: nothing happens until a request is
+    left = dec.next_finish() - dec.clock
+    decode = core.now + (left - 1) * floor
+    clock = server.executor.chunk_clock
+    if isinstance(clock, CostModelClock) and blocks + dec.n * -(-left // dec.bs) <= kv.free:
+        step = clock.cost.iteration_time(dec.n, dec.context_sum(dec.clock), (), ()) * clock.time_scale
+        decode = core.now + (left - 1) * max(step, floor)
+    return min(until, decode) if left > 1 else -math.inf

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from envs.serving.scheduling import Admission, Plan, Rule, ServingView, budget_plans
+from envs.serving.budgets import budget_plans
+from envs.serving.scheduling import Admission, Plan, Rule, ServingView
 
 BUDGET_LEVELS = tuple(64 << i for i in range(9))  # 64 .. 16384 tokens per iteration
 
@@ -34,7 +35,7 @@ def adaptive_level(
 ) -> tuple[int, Plan]:
     """Binary search ``levels`` (ascending) for the largest whose plan the cost model predicts
     within ``target_s``; its index and plan (the smallest level if none fits).  The plans come
-    from :func:`~envs.serving.scheduling.budget_plans`: one planning pass for all levels."""
+    from :func:`~envs.serving.budgets.budget_plans`: one planning pass for all levels."""
     plans = budget_plans(view, levels[-1], rule, admission)
     lo = 0
     if view.queue:

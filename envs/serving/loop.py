@@ -29,18 +29,12 @@ from typing import Protocol
 
 import numpy as np
 
+from envs.serving.budgets import one_pass_planning, planning_one_pass
 from envs.serving.core import Batch, ServingCore
 from envs.serving.metrics import SLO, RequestOutcomes, request_summary
 from envs.serving.request import Request
-from envs.serving.scheduling import (
-    ChunkFollower,
-    Plan,
-    Policy,
-    ServingView,
-    Steady,
-    SteadyFollower,
-    blocks_needed,
-)
+from envs.serving.scheduling import Plan, Policy, ServingView, blocks_needed
+from envs.serving.stretches import ChunkFollower, FollowsChunks, Steady, SteadyFollower
 
 ITERATION_COLUMNS = {
     "start": np.float64,  # iteration start time (s)
@@ -96,7 +90,8 @@ class IterationLog:
 
 class UnrecordedLog(IterationLog):
     """An iteration log that keeps nothing: for runs judged only on the core's SLO counters (a
-    capacity probe decided early, the oracle's rollouts), which never read their log."""
+    capacity probe decided early: :attr:`~envs.serving.shortcuts.Shortcuts.unlogged`; the oracle's
+    rollouts), which never read their log."""
 
     records = False
 
@@ -148,7 +143,7 @@ class SimResult:
 
 class ChunkClock(Protocol):
     """What an executor on whose clock planning takes no time (the simulator's) offers the loop, so
-    it runs a policy's followed chunks (:meth:`Policy.follow`) without asking it to plan and
+    it runs a policy's followed chunks (:meth:`FollowsChunks.follow`) without asking it to plan and
     without building a batch."""
 
     def chunk_latency(
@@ -250,26 +245,39 @@ class ServingLoop:
         return latency
 
     def run_until(
-        self,
-        policy: Policy,
-        stop: Callable[[], bool] | None = None,
-        until_s: float = math.inf,
-        fast_forward: bool = True,
+        self, policy: Policy, stop: Callable[[], bool] | None = None, until_s: float = math.inf
     ) -> bool:
         """Serve with ``policy``, asked once per iteration; False once the trace is done.
 
         Returns True, before the next iteration, as soon as the clock has reached
         ``until_s`` (checked first, before arrivals are admitted) or ``stop()`` holds
-        (checked after admission, on the state the policy would see next).
-        ``fast_forward=False`` steps decode-only stretches one by one too, and asks the policy to
-        plan every chunk stretch's iterations (for tests: the results are identical, bit for bit).
+        (checked after admission, on the state the policy would see next).  The core's
+        :attr:`~ServingCore.shortcuts` say which fast paths the run takes: decode-only stretches
+        fast-forwarded, chunk stretches followed, budgets planned in one pass, no iteration log
+        (the results are identical, bit for bit, with any of them off).
         """
+        shortcuts = self.core.shortcuts
+        if shortcuts.unlogged and self.log.records:
+            self.log = UnrecordedLog()
+        if shortcuts.one_pass_budgets == planning_one_pass():  # already so (a fleet calls this per arrival)
+            return self._serve(policy, stop, until_s)
+        with one_pass_planning(shortcuts.one_pass_budgets):
+            return self._serve(policy, stop, until_s)
+
+    def _serve(self, policy: Policy, stop: Callable[[], bool] | None, until_s: float) -> bool:
+        """:meth:`run_until`'s loop."""
         core = view = self.core
         log, step, plan = self.log, self.step, policy.plan
         advance, wait = core.advance_to_work, self.executor.wait_until
-        skip = self.executor.fast_forward if fast_forward else None
-        follow = fast_forward and core.shortcuts.chunk_stretches and self.executor.chunk_clock is not None
-        stretch = policy.follow
+        shortcuts = core.shortcuts
+        skip = self.executor.fast_forward if shortcuts.fast_forward else None
+        stretch = (
+            policy.follow
+            if shortcuts.chunk_stretches
+            and isinstance(policy, FollowsChunks)
+            and self.executor.chunk_clock is not None
+            else None
+        )
         while core.now < until_s:
             if not advance(wait):
                 return False
@@ -282,7 +290,7 @@ class ServingLoop:
                 todo = plan(view)  # nothing runs and nothing could be planned: evict, ask again
             step(todo)
             if (
-                follow
+                stretch is not None
                 and (chunk := stretch(view, todo)) is not None
                 and self._follow(stretch, todo, chunk, stop, until_s)
             ):
@@ -308,7 +316,7 @@ class ServingLoop:
         would admit them, before ``stop()``), the policy's ``follow`` on the iteration that ran last
         no longer names a function (a new prompt comes first); then :meth:`run_until` goes on as it
         would have.  Between arrivals nothing else changes the state, which is what
-        :meth:`Policy.follow`'s function assumes.  A :class:`SteadyFollower`'s iterations run
+        :meth:`FollowsChunks.follow`'s function assumes.  A :class:`SteadyFollower`'s iterations run
         a segment at a time (:meth:`ChunkClock.run_segment`, with :attr:`Shortcuts.segments`) when
         ``stop`` is none or a :class:`CountStop`, whose answer no iteration of a segment but the last
         can change; it is then asked before each segment.
@@ -354,14 +362,12 @@ class ServingLoop:
                 plan = Plan(n > 0, [(head, tokens)], price)
         return False
 
-    def run(
-        self, policy: Policy, fast_forward: bool = True, stop: Callable[[], bool] | None = None
-    ) -> SimResult:
+    def run(self, policy: Policy, stop: Callable[[], bool] | None = None) -> SimResult:
         """Serve the trace with ``policy`` (reset first) and summarise the run: to the end, or
         until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
         wall = time.perf_counter()
         policy.reset(self.view)
-        stopped = self.run_until(policy, stop=stop, fast_forward=fast_forward)
+        stopped = self.run_until(policy, stop=stop)
         result = self.result(time.perf_counter() - wall)
         result.stopped = stopped
         return result

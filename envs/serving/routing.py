@@ -15,20 +15,27 @@ from typing import Protocol
 from envs.serving.core import ServingCore
 from envs.serving.request import Request
 
+STATE, COUNTS, IN_FLIGHT = 0, 1, 2
+"""What a view reads, for the fleet's ``sync``: anything (the server must be at the arrival), the
+request counts (waiting, running, queued work), or the requests in flight alone."""
+
 
 class ServerView:
     """One server as a router may read it, at the arrival being routed.
 
     Counts include requests routed to the server that it has not yet admitted (routed while it
-    was mid-iteration), as a router's own bookkeeping would.  Each read first calls ``sync`` (the
-    fleet's: it brings the server to the arrival's time; ``True``: only counts are read, which may
-    not need it), so a router pays for the servers it reads.
+    was mid-iteration), as a router's own bookkeeping would.  Each read first calls
+    ``sync(index, reads)`` (the fleet's: it brings the server to the arrival's time, unless what
+    ``reads`` names provably stands until then), so a router pays for the servers it reads.
     """
 
     __slots__ = ("index", "_core", "_sync")
 
     def __init__(
-        self, index: int, core: ServingCore, sync: Callable[[bool], None] = lambda counts_only: None
+        self,
+        index: int,
+        core: ServingCore,
+        sync: Callable[[int, int], None] = lambda index, reads: None,
     ) -> None:
         self.index = index
         self._core = core
@@ -37,28 +44,28 @@ class ServerView:
     @property
     def waiting(self) -> int:
         """Requests waiting for a prefill chunk: queued and not started, plus routed not yet admitted."""
-        self._sync(True)
+        self._sync(self.index, COUNTS)
         core = self._core
         return len(core.queue) - core.n_running_prefill + len(core.requests) - core.next_arrival
 
     @property
     def running(self) -> int:
         """Requests holding a batch slot: decoding or part-way through their prefill."""
-        self._sync(True)
+        self._sync(self.index, COUNTS)
         core = self._core
         return core.decode.n + core.n_running_prefill
 
     @property
     def in_flight(self) -> int:
         """Requests routed here and not finished or rejected (vLLM production stack's request count)."""
-        self._sync(True)
+        self._sync(self.index, IN_FLIGHT)
         core = self._core
         return len(core.queue) + core.decode.n + len(core.requests) - core.next_arrival
 
     @property
     def outstanding_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: queued prompts' remainders and unadmitted prompts."""
-        self._sync(True)
+        self._sync(self.index, COUNTS)
         core = self._core
         queued = sum(r.target - r.computed for r in core.queue)
         return queued + sum(r.prompt_len for r in core.pending)
@@ -66,7 +73,7 @@ class ServerView:
     @property
     def kv_utilization(self) -> float:
         """Share of KV blocks in use (cached prefix blocks nobody holds count as free)."""
-        self._sync(False)
+        self._sync(self.index, STATE)
         kv = self._core.kv
         return kv.used / kv.total
 
@@ -83,7 +90,7 @@ class ServerView:
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` this server's prefix cache holds now (a read: the LRU is untouched)."""
-        self._sync(False)
+        self._sync(self.index, STATE)
         kv = self._core.kv
         if req.hash_ids is None or not kv.unit_tokens:
             return 0
@@ -92,7 +99,7 @@ class ServerView:
     @property
     def tokens_served(self) -> int:
         """Prompt and output tokens of the requests this server has finished."""
-        self._sync(True)
+        self._sync(self.index, COUNTS)
         return sum(r.prompt_len + r.generated for r in self._core.finished)
 
 

@@ -22,28 +22,23 @@ partial prefills rarely wait on memory; the core preempts if they ever deadlock.
 happens to the prompts behind one that cannot start is the :class:`Admission` rule: vLLM
 V1 and Sarathi-Serve end admission there, chunkgym's v0/v1 env skips ahead.  The core
 validates plans with the same admission arithmetic, which is why it lives here.
-:func:`budget_plans` gives :func:`plan_budget`'s plans and :func:`plan_latency`'s prices at every
-budget of one iteration from a single pass (``adaptive`` asks for up to five per iteration).
 
 Writing a new policy: subclass :class:`Policy`, implement ``plan(view)`` (usually one
-call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.  Optionally implement
-``follow(view, plan)``, so the simulator runs a long prompt's middle chunks without planning
-each (:meth:`Policy.follow`, :func:`stretch_head`; tests/test_shortcuts.py checks it is exact).
+call to :func:`plan_budget`), and add a YAML file under ``conf/policy/``.
 
-This module imports no implementation: the core imports it, never the reverse.
+This module is the interface alone: how the simulator runs a policy faster (following a long
+prompt's chunks, :mod:`envs.serving.stretches`; every budget of an iteration from one pass,
+:mod:`envs.serving.budgets`) lives beside it, and tests/test_import_direction.py checks it stays out.
+It imports no implementation: the core imports it, never the reverse.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from envs.serving.metrics import SLO
 from envs.serving.request import Request
@@ -84,7 +79,8 @@ class Plan:
     """One iteration's work: step every decode (or none), plus prefill chunks.
 
     ``latency``: the planner's price for it, :meth:`ServingView.predict_latency` of exactly this
-    batch in the state it was planned in, when the planner priced it anyway (:class:`BudgetPrefixes`);
+    batch in the state it was planned in, when the planner priced it anyway
+    (:class:`~envs.serving.budgets.BudgetPrefixes`);
     the simulator's clock then takes it rather than pricing the batch again.  None: not priced.
     """
 
@@ -213,20 +209,6 @@ class Policy(ABC):
     @abstractmethod
     def plan(self, view: ServingView) -> Plan: ...
 
-    def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
-        """For the simulator's chunk stretches, called after ``plan`` ran: where its last chunk's
-        prompt (the head, see :func:`stretch_head`) is still prefilling and first in this policy's
-        order, return a function that says how many prefill tokens this policy's plan would give the
-        head in each next iteration, as long as nothing but the head's chunks, the decodes and time
-        changes the state (no arrival, preemption, prefix release or other prompt's tokens come
-        between two calls), and the chunk leaves the head more to prefill and its KV fits: the plan
-        would then be every decode plus that one chunk, so the loop runs it without asking.  The
-        function returns 0 where it cannot say without planning, and the loop asks :meth:`plan`
-        again.  Once arrivals have been admitted during a stretch, the loop calls this again, with the
-        iteration that ran last as ``plan``, for a function that holds from the new state on (or
-        None: the stretch ends).  None (the default): :meth:`plan` is asked every iteration."""
-        return None
-
 
 # ---- admission arithmetic: pure, shared by the planners and the core's plan validation --------
 def blocks_needed(block_size: int, req: Request, tokens: int) -> int:
@@ -258,84 +240,19 @@ def rule_order(view: ServingView, rule: Rule) -> Sequence[Request]:
     if rule == Rule.FCFS:
         return sorted(cands, key=_fcfs_key)
     if rule == Rule.SHORTEST_FIRST:
-        return sorted(cands, key=_remaining_key)
+        return sorted(cands, key=remaining_key)
     per_token = view.prefill_s_per_token
     if rule == Rule.LEAST_SLACK:
         return sorted(cands, key=lambda r: r.deadline - per_token * r.remaining_prefill)
     return sorted(cands, key=lambda r: (r.violated, r.deadline - per_token * r.remaining_prefill))
 
 
-ChunkFollower = Callable[[], tuple[int, float | None]]
-"""A :meth:`Policy.follow` function: the head's prefill tokens in the next iteration (0: ask
-``plan``), with that iteration's price if the policy computed it (as :attr:`Plan.latency`)."""
-
-
-class Steady(NamedTuple):
-    """How a :class:`SteadyFollower`'s answers go on while the decode count stays what it is."""
-
-    tokens: int  # the head's chunk in this iteration and each next one...
-    max_latency: float  # ...while the iteration's price (the cost model's) is at most this (inf: any)
-    room: int  # ...and a chunk of this many tokens (>= tokens) would fit the head's rest and the KV room
-
-
-class SteadyFollower(ABC):
-    """A :data:`ChunkFollower` that can say how long its answer holds, so the simulator may run
-    that many iterations of a stretch at once
-    (:meth:`~envs.serving.simulator.CostModelClock.run_segment`)."""
-
-    @abstractmethod
-    def __call__(self) -> tuple[int, float | None]: ...
-
-    @abstractmethod
-    def steady(self) -> Steady | None:
-        """Asked right after a call answered some tokens: its answers from that iteration on, as
-        long as only the head's chunks, the decodes' steps and time change the state (the decode
-        count included); None where it cannot say without being asked each iteration."""
-
-
-@dataclass(frozen=True)
-class BudgetChunk(SteadyFollower):
-    """The follower under a fixed token budget: the head gets what the decodes leave of ``budget``;
-    that changes only with the decode count."""
-
-    view: ServingView
-    budget: int
-
-    def __call__(self) -> tuple[int, float | None]:
-        return self.budget - self.view.num_decode, None
-
-    def steady(self) -> Steady:
-        tokens = self.budget - self.view.num_decode
-        return Steady(tokens, math.inf, tokens)
-
-
-STRETCH_RULES = (Rule.FCFS, Rule.SHORTEST_FIRST)
-"""Rules under which a running prompt first in the order stays first while it alone gets prefill
-tokens: started prompts keep their arrival order, and the head's remaining prefill only shrinks."""
-
-
-def stretch_head(view: ServingView, plan: Plan, rule: Rule) -> Request | None:
-    """The prompt a chunk stretch can follow after ``plan`` ran in ``view``: its last chunk's, when
-    that prompt has more than that chunk's tokens left and is first in ``rule``'s order in a way
-    that lasts while only it gets prefill tokens (see :data:`STRETCH_RULES`; FCFS: it is the only
-    started prompt); None otherwise."""
-    if not plan.chunks or rule not in STRETCH_RULES:
-        return None
-    head, n = plan.chunks[-1]
-    if not head.running or head.target - head.computed <= n:
-        return None  # done, or its next chunk as large as this one would be its last: no stretch
-    if rule is Rule.FCFS:
-        first = view.num_prefilling == 1
-    else:
-        first = min(view.lookahead, key=_remaining_key) is head
-    return head if first else None
-
-
 def _fcfs_key(r: Request) -> tuple[bool, int]:
     return (not r.running, r.seq)
 
 
-def _remaining_key(r: Request) -> tuple[int, int]:
+def remaining_key(r: Request) -> tuple[int, int]:
+    """SHORTEST_FIRST's order: fewest remaining prefill tokens, then arrival."""
     return (r.target - r.computed, r.seq)
 
 
@@ -428,146 +345,3 @@ def plan_latency(view: ServingView, plan: Plan) -> float:
         [n for _, n in plan.chunks],
         [r.computed for r, _ in plan.chunks],
     )
-
-
-# ---- every budget of one iteration -------------------------------------------------------------
-class BudgetPlans(Protocol):
-    """:func:`plan_budget` (all decodes, skip or stop admission) and :func:`plan_latency` at any
-    budget up to the one it was made for, in one state: what a policy choosing among budget levels
-    (``adaptive``) asks for several budgets per iteration."""
-
-    def latency(self, budget: int) -> float: ...
-
-    def plan(self, budget: int) -> Plan: ...
-
-
-class EachBudget:
-    """Plans every budget asked from scratch: the plain planner, the reference for :class:`BudgetPrefixes`."""
-
-    def __init__(self, view: ServingView, rule: Rule, admission: Admission) -> None:
-        self.view, self.rule, self.admission = view, rule, admission
-
-    def latency(self, budget: int) -> float:
-        return plan_latency(self.view, self.plan(budget))
-
-    def plan(self, budget: int) -> Plan:
-        return plan_budget(self.view, budget, self.rule, admission=self.admission)
-
-
-class BudgetPrefixes:
-    """Every budget up to ``max_budget`` from one planning pass, priced without building plans.
-
-    :func:`plan_budget` reads the budget only as the tokens ``left`` after the decodes: a chunk is
-    cut short by it exactly when the chunks before it and its own would exceed it, and the loop
-    ends there.  So the plan at a smaller budget is the largest plan's chunks up to the first whose
-    running total reaches its ``left``, that one cut to the rest: the same chunks in the same order,
-    and, priced with the same arguments, the same latencies.  The pass is :func:`plan_budget`'s
-    loop with the admission arithmetic inlined (tests/test_budget_plans.py checks the two agree).
-    """
-
-    def __init__(self, view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> None:
-        n_dec = view.num_decode
-        self._max_budget = max_budget
-        self._n_dec = n_dec
-        self._predict = view.predict_latency
-        self._context = view.decode_context if n_dec else 0  # plan_latency's decode arguments
-        self._reqs: list[Request] = []
-        self._sizes: list[int] = []  # each chunk's tokens at max_budget
-        self._computed: list[int] = []  # each chunk's request's tokens in KV
-        self._ends: list[int] = []  # prefill tokens up to and including each chunk
-        self._prices: dict[tuple[int, int], float] = {}
-        left = max_budget - n_dec
-        if left <= 0 or not view.queue:
-            return
-        order = rule_order(view, rule)
-        stop = admission is Admission.STOP
-        self._pass(view, order, left, stop)
-        if stop and not self._reqs and not n_dec and not view.num_prefilling:
-            self._pass(view, order, left, False)  # plan_budget's fallback to skip-ahead
-
-    def _pass(self, view: ServingView, order: Sequence[Request], left: int, stop: bool) -> None:
-        reqs, sizes, computed, ends = self._reqs, self._sizes, self._computed, self._ends
-        bs, free, slots = view.block_size, view.free_blocks, view.free_slots
-        admitting, total = True, 0
-        for req in order:
-            running = req.running
-            if not (running or admitting):
-                continue
-            c = req.computed
-            held = -(-c // bs)
-            room = (held + free) * bs - c  # the most tokens whose KV fits in the free blocks
-            rem = req.target - c
-            if not (rem > 0 and room > 0 if running else slots > 0 and rem <= room):  # may_prefill
-                if stop and not running:
-                    admitting = False
-                continue
-            n = min(rem, left, room)
-            reqs.append(req)
-            sizes.append(n)
-            computed.append(c)
-            total += n
-            ends.append(total)
-            left -= n
-            free -= -(-(c + n) // bs) - held
-            if not running:
-                slots -= 1
-            if left <= 0:
-                break
-
-    def _cut(self, budget: int) -> tuple[int, int]:
-        """The chunks kept whole at ``budget`` and the tokens of the one cut after them (0: none)."""
-        if budget > self._max_budget:
-            raise ValueError(f"budget {budget} exceeds the {self._max_budget} these plans were made for")
-        left = budget - self._n_dec
-        if left <= 0:
-            return 0, 0
-        ends = self._ends
-        j = bisect_left(ends, left)  # the first chunk whose running total reaches left
-        if j == len(ends):
-            return j, 0
-        return j, left - (ends[j - 1] if j else 0)
-
-    def latency(self, budget: int) -> float:
-        cut = self._cut(budget)
-        price = self._prices.get(cut)
-        if price is None:
-            j, part = cut
-            if part:
-                sizes = self._sizes[:j]
-                sizes.append(part)
-                price = self._predict(self._n_dec, self._context, sizes, self._computed[: j + 1])
-            else:
-                price = self._predict(self._n_dec, self._context, self._sizes[:j], self._computed[:j])
-            self._prices[cut] = price
-        return price
-
-    def plan(self, budget: int) -> Plan:
-        """The plan at ``budget``, with its price if :meth:`latency` computed it (``Plan.latency``)."""
-        j, part = self._cut(budget)
-        chunks = list(zip(self._reqs[:j], self._sizes[:j], strict=True))
-        if part:
-            chunks.append((self._reqs[j], part))
-        return Plan(self._n_dec > 0, chunks, self._prices.get((j, part)))
-
-
-_ONE_PASS: ContextVar[bool] = ContextVar("one_pass_budgets", default=True)
-
-
-@contextmanager
-def budget_planning(one_pass: bool) -> Iterator[None]:
-    """Within it, :func:`budget_plans` plans all budgets from one pass (``one_pass``, as outside
-    it) or each from scratch (:class:`EachBudget`: the reference path, capacity searches with
-    ``early_stop=False``, and the tests that compare both)."""
-    token = _ONE_PASS.set(one_pass)
-    try:
-        yield
-    finally:
-        _ONE_PASS.reset(token)
-
-
-def budget_plans(view: ServingView, max_budget: int, rule: Rule, admission: Admission) -> BudgetPlans:
-    """Plans and prices at any budget up to ``max_budget`` in ``view``'s current state: from one
-    pass (:class:`BudgetPrefixes`), or each from scratch (see :func:`budget_planning`)."""
-    if _ONE_PASS.get():
-        return BudgetPrefixes(view, max_budget, rule, admission)
-    return EachBudget(view, rule, admission)

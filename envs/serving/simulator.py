@@ -6,7 +6,7 @@ prompt waiting, so every policy's only valid plan is "step the decodes") are adv
 without consulting the policy, up to the next event (arrival, finish, KV-block
 shortage), which is what makes an hour-long production trace take seconds; and, since
 planning takes no clock time here, the loop runs a policy's followed chunks without asking
-it (:attr:`CostModelClock.chunk_clock`, :meth:`~envs.serving.scheduling.Policy.follow`).
+it (:attr:`CostModelClock.chunk_clock`, :class:`~envs.serving.stretches.FollowsChunks`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from envs.serving.cost_model import CostModel
 from envs.serving.loop import IterationLog, ServingLoop
 from envs.serving.metrics import SLO
 from envs.serving.request import Request
-from envs.serving.scheduling import Steady
 from envs.serving.specs import HardwareSpec, ModelSpec
+from envs.serving.stretches import Steady
 from envs.serving.workloads.trace import Trace
 
 FAST_FORWARD_MAX = 4096  # decode-only iterations per fast-forward call

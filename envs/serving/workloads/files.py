@@ -6,26 +6,41 @@ trace with no time span, or whose span one outlier timestamp makes, is refused w
 numbers, since every rate computed on it would be meaningless), and returns :class:`Rows`, cached per resolved path, size and modification time, so a
 file is parsed once per process however many workloads use it. Nothing is dropped: every data row
 becomes a request (blank lines are not rows). Files may be gzip-compressed (``.csv.gz``,
-``.jsonl.gz``); text must be UTF-8.
+``.jsonl.gz``); text must be UTF-8 (a leading byte-order mark, as Excel writes, is dropped).
+
+A trace is received data, so reading it is bounded: the file is opened as a regular file (a FIFO
+or device is refused, never waited on), its text (decompressed, blank lines included) may hold at
+most :func:`max_trace_bytes` (64 MiB, ``CHUNKGYM_MAX_TRACE_BYTES`` raises it), checked on the
+apparent size before reading (a sparse file counts in full) and while decompressing (never past
+the budget), and rows are parsed a batch at a time into arrays, so memory is a small multiple of
+the text's size (about 10 bytes per byte at worst, with rows of a few bytes each) however the
+text is shaped.  The file is read twice: once to check that all of it decompresses and decodes
+(those problems come first, as for a file read whole), then to parse.
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import functools
 import gzip
 import io
+import itertools
 import json
 import math
 import os
+import re
 import zlib
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
 import numpy as np
 import pandas as pd
 
+from chunkgym.received import MiB, ReceivedFileError, open_regular
 from envs.serving.workloads.trace import TraceError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -37,8 +52,13 @@ MAX_LENGTH = 2**31 - 1
 MAX_MOONCAKE_MS = 2**53
 INT64 = (-(2**63), 2**63 - 1)
 GZIP_MAGIC = b"\x1f\x8b"
-MAX_TEXT_BYTES = 4 << 30
-"""Decompressed size at which a gzip trace is refused (a bomb, or not a trace)."""
+MAX_TRACE_BYTES_ENV = "CHUNKGYM_MAX_TRACE_BYTES"
+DEFAULT_MAX_TRACE_BYTES = 64 * MiB
+"""A trace's text budget: 20 times the largest real trace (Mooncake conversation, 3 MB)."""
+CHUNK_BYTES = MiB
+"""Bytes read (or decompressed) at a time."""
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Where ``str.splitlines`` ends a line."""
 OUTLIER_GAP = 0.9
 OUTLIER_MIN_REQUESTS = 10
 YEAR_S = 365 * 86400.0
@@ -69,7 +89,8 @@ class Rows:
 def sniff_format(path: Path) -> str:
     """The format of ``path`` from its content: a gzip'd tar -> servegen, JSON lines -> mooncake,
     CSV header (each also gzip-compressed)."""
-    head = _open_bytes(path, 4096)
+    with _open(path) as f:
+        head = f.read(4096)
     if head[:2] == GZIP_MAGIC:
         raw, stream = head, zlib.decompressobj(wbits=31)
         try:
@@ -122,24 +143,121 @@ def _check_encoding(path: Path, head: bytes) -> None:
         )
 
 
-def _read_text(path: Path) -> str:
-    """The whole file as UTF-8 text, gunzipped if compressed; errors name the file and line."""
+def max_trace_bytes() -> int:
+    """The byte budget of a trace's text: ``CHUNKGYM_MAX_TRACE_BYTES``, else 64 MiB."""
+    raw = os.environ.get(MAX_TRACE_BYTES_ENV)
+    if raw is None:
+        return DEFAULT_MAX_TRACE_BYTES
     try:
-        with path.open("rb") as f:
-            data = f.read()
-        if data[:2] == GZIP_MAGIC:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as g:
-                data = g.read(MAX_TEXT_BYTES + 1)
-            if len(data) > MAX_TEXT_BYTES:
-                raise TraceError(path, f"decompresses to more than {MAX_TEXT_BYTES} bytes")
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_TRACE_BYTES_ENV}={raw!r}: expected a positive whole number of bytes")
+    return value
+
+
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened for reading as a regular file (a FIFO, device or socket refused without
+    waiting on it), refused when its apparent size is over the budget."""
+    try:
+        fd, size = open_regular(path)
+    except ReceivedFileError as exc:
+        raise TraceError(path, str(exc).removeprefix(f"{path}: ")) from None
+    budget = max_trace_bytes()
+    if size > budget:
+        os.close(fd)
+        raise TraceError(path, _over_budget(budget, f"is {size} bytes"))
+    return os.fdopen(fd, "rb")
+
+
+def _over_budget(budget: int, what: str) -> str:
+    return f"{what}, over the trace limit of {budget} bytes (set {MAX_TRACE_BYTES_ENV} to raise it)"
+
+
+def _byte_chunks(path: Path) -> Iterator[bytes]:
+    """The file's bytes, gunzipped if compressed, a chunk at a time; never decompresses more
+    than the budget (and one byte, to tell that it is over)."""
+    budget, total = max_trace_bytes(), 0
+    try:
+        with _open(path) as raw:
+            compressed = raw.read(2) == GZIP_MAGIC
+            raw.seek(0)
+            stream: BinaryIO = cast(BinaryIO, gzip.GzipFile(fileobj=raw)) if compressed else raw
+            while chunk := stream.read(min(CHUNK_BYTES, budget + 1 - total)):
+                total += len(chunk)
+                if total > budget:
+                    raise TraceError(path, _over_budget(budget, "holds more text (decompressed)"))
+                yield chunk
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"cannot read trace file: {exc}") from None
-    _check_encoding(path, data[:4096])
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceError(path, f"not UTF-8 text (byte {data[exc.start]:#04x})", line=line) from None
+
+
+def _check_text(path: Path) -> None:
+    """Read the whole file once, raising its first problem: unreadable, over the budget or a
+    corrupt gzip stream (anywhere) before UTF-16 or binary text at the start, before bytes
+    that are not UTF-8 (naming their line)."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    problem: TraceError | None = None
+    newlines = 0
+    for i, chunk in enumerate(_byte_chunks(path)):
+        if problem is not None:
+            continue
+        try:
+            if i == 0:
+                _check_encoding(path, chunk[:4096])
+            decoder.decode(chunk)
+            newlines += chunk.count(b"\n")
+        except TraceError as exc:
+            problem = exc
+        except UnicodeDecodeError as exc:
+            line = newlines + exc.object[: exc.start].count(b"\n") + 1
+            problem = TraceError(path, f"not UTF-8 text (byte {exc.object[exc.start]:#04x})", line=line)
+    if problem is None:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            line = newlines + 1
+            problem = TraceError(path, f"not UTF-8 text (byte {exc.object[exc.start]:#04x})", line=line)
+    if problem is not None:
+        raise problem
+
+
+def split_lines(chunks: Iterable[str]) -> Iterator[list[str]]:
+    """The lines of the concatenated ``chunks``, ends kept, in lists (about a chunk's worth each):
+    exactly what ``str.splitlines(True)`` gives on the whole text, holding one chunk and one
+    unfinished line at a time (a line spanning many chunks is joined once, when it ends)."""
+    held: list[str] = []  # the text after the last line known to be finished
+    for chunk in chunks:
+        if held and held[-1][-1:] != "\r" and not _LINE_BREAK.search(chunk):
+            held.append(chunk)
+            continue
+        lines = ("".join(held) + chunk).splitlines(keepends=True)
+        held = [lines.pop()] if lines else []  # it may go on (or be a "\r" before a "\n") in the next chunk
+        if lines:
+            yield lines
+    if held:
+        yield "".join(held).splitlines(keepends=True)
+
+
+def _line_lists(path: Path) -> Iterator[list[str]]:
+    """The file's lines (ends kept) a chunk at a time, after :func:`_check_text` accepted all of it."""
+    _check_text(path)
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    yield from split_lines(decoder.decode(chunk) for chunk in _byte_chunks(path))
+
+
+def _numbered(lists: Iterable[list[str]], first: int) -> Iterator[tuple[np.ndarray, list[str]]]:
+    """Each list's non-blank lines and their 1-based line numbers, counting from ``first``."""
+    for lines in lists:
+        distinct = set(lines)  # cheap: a flood of blank lines is a few distinct strings
+        blanks = sum(1 for line in distinct if line.isspace())
+        if blanks == 0:
+            yield first + np.arange(len(lines)), lines
+        elif blanks < len(distinct):
+            kept = np.flatnonzero(~np.fromiter(map(str.isspace, lines), dtype=bool, count=len(lines)))
+            yield first + kept, [lines[i] for i in kept]
+        first += len(lines)
 
 
 def _check_span(path: Path, times: np.ndarray, lines: np.ndarray, field: str) -> None:
@@ -193,39 +311,55 @@ def _read_cached(path: str, fmt: str, _mtime_ns: int, _size: int) -> Rows:
     return readers[fmt](Path(path))
 
 
-def _open_bytes(path: Path, limit: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            return f.read(limit)
-    except OSError as exc:
-        raise TraceError(path, f"cannot read trace file: {exc.strerror or exc}") from exc
+def _csv_batches(path: Path, required: tuple[str, ...]) -> Iterator[pd.DataFrame]:
+    """The required columns as strings, indexed by 1-based file line, a chunk of the file at a
+    time (so pandas' strings, about 60 bytes a cell, exist for one chunk only); blank lines left out.
+
+    The header is checked alone first; each batch is parsed with the header in front, as the
+    same lines of the whole file would be."""
+    lists = _line_lists(path)
+    first = next(lists, [""])
+    header = first[0]
+    _csv_frame(path, header, [], np.empty(0, np.int64), required)
+    for numbers, lines in _numbered(itertools.chain([first[1:]], lists), 2):
+        if len(lines):
+            yield _csv_frame(path, header, lines, numbers, required)
 
 
-def _read_csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
-    """The required columns as strings, indexed by 1-based file line; blank lines left out."""
-    text = _read_text(path)
+def _csv_frame(
+    path: Path, header: str, lines: list[str], numbers: np.ndarray, required: tuple[str, ...]
+) -> pd.DataFrame:
+    """``lines`` (file lines ``numbers``, ends kept) under ``header``, parsed as strings."""
     try:
-        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise TraceError(path, f"cannot read CSV: {exc}") from exc
+        df = pd.read_csv(
+            io.StringIO(header + "".join(lines)), dtype=str, keep_default_na=False, skip_blank_lines=False
+        )
+    except pd.errors.ParserError as exc:
+        message, line = " ".join(str(exc).split()), None  # pandas ends it with a newline
+        where = re.search(r" in line (\d+)", message)  # pandas counts the batch's lines, header first
+        if where and 2 <= int(where[1]) < len(numbers) + 2:
+            message, line = message[: where.start()] + message[where.end() :], int(numbers[int(where[1]) - 2])
+        raise TraceError(path, f"cannot read CSV: {message}", line=line) from None
+    except pd.errors.EmptyDataError as exc:
+        raise TraceError(path, f"cannot read CSV: {' '.join(str(exc).split())}") from None
     df.columns = [str(c).strip() for c in df.columns]
     for column in required:
         if column not in df.columns:
             raise TraceError(
                 path, f"missing column (header has {', '.join(df.columns)})", line=1, field=column
             )
-    lines = text.splitlines()[1:]
-    if len(lines) != len(df):
+    if len(df) != len(lines):
         raise TraceError(path, "multi-line (quoted) CSV records are not supported")
-    df = df[list(required)].set_axis(np.arange(2, len(df) + 2))
-    kept: pd.DataFrame = df.loc[np.array([bool(line.strip()) for line in lines], dtype=bool)]
-    return kept
+    columns: pd.DataFrame = df[list(required)].set_axis(numbers)
+    return columns
 
 
 def _bad_cell(path: Path, df: pd.DataFrame, column: str, mask: np.ndarray, expected: str) -> TraceError:
     line = int(df.index[np.flatnonzero(mask)[0]])
     raw = cast("str | float", df.at[line, column])  # dtype=str; NaN where a row is short of fields
-    problem = "missing value" if pd.isna(raw) or str(raw).strip() == "" else f"got {str(raw).strip()!r}"
+    text = "" if pd.isna(raw) else str(raw).strip()
+    shown = text if len(text) <= 100 else f"{text[:100]}..."
+    problem = "missing value" if not text else f"got {shown!r}"
     return TraceError(path, f"{problem}; expected {expected}", line=line, field=column)
 
 
@@ -238,41 +372,73 @@ def _positive_ints(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+
 def _read_azure(path: Path) -> Rows:
-    df = _read_csv(path, AZURE_COLUMNS)
-    stamps = pd.to_datetime(df["TIMESTAMP"].str.strip(), format="ISO8601", errors="coerce")
-    bad = stamps.isna().to_numpy()
-    if bad.any():
-        raise _bad_cell(path, df, "TIMESTAMP", bad, "a date-time such as 2023-11-16 18:15:46.6805900")
-    prompt = _positive_ints(path, df, "ContextTokens")
-    output = _positive_ints(path, df, "GeneratedTokens")
-    ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    ns_parts: list[np.ndarray] = []
+    prompt_parts: list[np.ndarray] = []
+    output_parts: list[np.ndarray] = []
+    line_parts: list[np.ndarray] = []
+    zones: set[str] = set()
+    for df in _csv_batches(path, AZURE_COLUMNS):
+        try:
+            stamps = pd.to_datetime(df["TIMESTAMP"].str.strip(), format="ISO8601", errors="coerce")
+        except ValueError as exc:  # time zones that differ between rows
+            raise TraceError(path, str(exc).splitlines()[0], field="TIMESTAMP") from None
+        bad = stamps.isna().to_numpy()
+        if bad.any():
+            raise _bad_cell(path, df, "TIMESTAMP", bad, "a date-time such as 2023-11-16 18:15:46.6805900")
+        zones.add(str(getattr(stamps.dtype, "tz", None)))
+        if len(zones) > 1:  # as pandas says of one column parsed whole
+            raise TraceError(path, f"mixed time zones {sorted(zones)}", field="TIMESTAMP")
+        prompt_parts.append(_positive_ints(path, df, "ContextTokens"))
+        output_parts.append(_positive_ints(path, df, "GeneratedTokens"))
+        ns_parts.append(stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64))
+        line_parts.append(df.index.to_numpy())
+    ns, prompt, output = (
+        _joined(ns_parts, np.int64),
+        _joined(prompt_parts, np.int64),
+        _joined(output_parts, np.int64),
+    )
     times = (ns - ns.min()) / 1e9 if len(ns) else np.empty(0)
     order = np.argsort(times, kind="stable")
-    _check_span(path, times[order], df.index.to_numpy()[order], "TIMESTAMP")
+    _check_span(path, times[order], _joined(line_parts, np.int64)[order], "TIMESTAMP")
     return Rows(str(path), times[order], prompt[order], output[order])
 
 
 def _read_lengths(path: Path) -> Rows:
-    df = _read_csv(path, LENGTH_COLUMNS)
-    prompt = _positive_ints(path, df, "num_prefill_tokens")
-    output = _positive_ints(path, df, "num_decode_tokens")
-    return Rows(str(path), None, prompt, output)
+    prompt_parts, output_parts = [], []
+    for df in _csv_batches(path, LENGTH_COLUMNS):
+        prompt_parts.append(_positive_ints(path, df, "num_prefill_tokens"))
+        output_parts.append(_positive_ints(path, df, "num_decode_tokens"))
+    return Rows(str(path), None, _joined(prompt_parts, np.int64), _joined(output_parts, np.int64))
 
 
 def _json_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _records(path: Path) -> Iterator[tuple[int, str]]:
+    """The file's non-blank lines, without their ends, with their 1-based numbers."""
+    for numbers, lines in _numbered(_line_lists(path), 1):
+        for number, line in zip(numbers.tolist(), lines, strict=True):
+            yield number, line.splitlines()[0]
+
+
 def _read_mooncake(path: Path) -> Rows:
-    times, prompt, output, counts, flat, numbers = [], [], [], [], [], []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
+    """Rows of JSON lines, kept in typed arrays (8 bytes a number) as they are read."""
+    times, numbers = array("d"), array("q")
+    prompt, output, counts, flat = array("q"), array("q"), array("q"), array("q")
+    for number, line in _records(path):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(path, f"malformed JSON: {exc.msg} at column {exc.colno}", line=number) from None
+        except (RecursionError, ValueError) as exc:  # deep nesting; an integer past Python's digit limit
+            reason = str(exc).splitlines()[0][:120]
+            raise TraceError(path, f"not a readable JSON record ({reason})", line=number) from None
         if not isinstance(rec, dict):
             raise TraceError(path, f"expected a JSON object, got {type(rec).__name__}", line=number)
         for field in MOONCAKE_FIELDS:

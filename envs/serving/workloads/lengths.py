@@ -8,7 +8,7 @@ stream (``n`` = its rows; its span runs to the next arrival). A window draws the
 from __future__ import annotations
 
 from envs.serving.workloads.files import Rows
-from envs.serving.workloads.renewal import Renewal, rng_for
+from envs.serving.workloads.renewal import Renewal, check_count, rng_for
 from envs.serving.workloads.trace import Trace, split_fractions
 
 
@@ -16,6 +16,7 @@ class LengthSource:
     """Rows of (prompt, output) lengths with arrivals from ``process``."""
 
     def __init__(self, name: str, source: str, rows: Rows, process: Renewal):
+        check_count(len(rows), f"{rows.path}: arrivals for its {len(rows)} rows")
         self.name, self.source, self.rows, self.process = name, source, rows, process
 
     def bounds(self, split: str) -> tuple[int, int]:

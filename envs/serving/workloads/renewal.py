@@ -15,6 +15,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+MAX_GENERATED_REQUESTS = 5_000_000
+"""Requests one generated stream may hold (expected count, checked before drawing): 250 times an
+hour of the Azure conversation trace, about 120 MB of arrays; more is a mistyped rate or window."""
+
+
+def check_count(expected: float, what: str) -> None:
+    """Refuse a stream expected to hold more than :data:`MAX_GENERATED_REQUESTS` requests."""
+    if not expected <= MAX_GENERATED_REQUESTS:
+        raise ValueError(
+            f"{what} would generate {expected:.6g} requests, over the limit of {MAX_GENERATED_REQUESTS}"
+        )
+
 
 def check_seed(seed: int) -> int:
     """``seed`` as an int; seeds are non-negative integers (numpy's seeding takes no others)."""
@@ -76,6 +88,7 @@ class Renewal:
 
     def arrivals(self, rng: np.random.Generator, start: float, end: float) -> np.ndarray:
         """The stationary stream's arrival times in ``[start, end)``."""
+        check_count((end - start) / self.mean_iat, f"{1 / self.mean_iat:g} arrivals/s over {end - start:g} s")
         chunks = []
         nxt = start + self.residual(rng)
         while nxt < end:
@@ -88,6 +101,7 @@ class Renewal:
 
     def first_n(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, float]:
         """The first ``n`` arrivals from time 0, and the time of the next one (the stream's span)."""
+        check_count(n, "a stream of the first n arrivals")
         gaps = self.iats(rng, n)
         times = self.residual(rng) + np.concatenate(([0.0], np.cumsum(gaps)))
         return times[:n], float(times[n])

@@ -24,27 +24,63 @@ a circle of 600 s and cut at a random phase (:meth:`Renewal.circular`). Prompt a
 are drawn i.i.d. from the window's PMFs; ``output_tokens`` already counts the reasoning tokens, so
 ``reason_ratio`` is not used. Every (client, window) has its own seeded stream, so any time range
 is generated alone and agrees with the same range of a longer generation.
+
+The archive is received data, so reading it is bounded like a trace's text
+(:func:`~envs.serving.workloads.files.max_trace_bytes`): the decompressed archive, headers and
+skipped members included, and the members read (by their stated size, so a sparse member counts
+in full) stay within the budget, checked before each step; PMFs in the plain form ServeGen writes
+are read by a linear scan into at most :data:`MAX_PMF_ENTRIES` entries (others, up to
+:data:`MAX_LITERAL_CHARS`, by ``ast.literal_eval``); and a day generates at most
+:data:`~envs.serving.workloads.renewal.MAX_GENERATED_REQUESTS` requests.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
+import bz2
 import functools
+import gzip
+import itertools
 import json
+import lzma
 import math
+import os
 import re
+import sys
 import tarfile
+import zlib
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import numpy as np
 
-from envs.serving.workloads.renewal import Renewal, rng_for
+from chunkgym.received import MiB, ReceivedFileError, open_regular
+from envs.serving.workloads.files import max_trace_bytes, split_lines
+from envs.serving.workloads.renewal import MAX_GENERATED_REQUESTS, Renewal, rng_for
 from envs.serving.workloads.trace import Trace, TraceError, split_fractions
 
 TRACE_FIELDS = ("window_start_s", "rate", "iat_cv", "dist", "p1", "p2")
 LENGTH_FIELDS = ("input_tokens", "output_tokens")
 _MEMBER = re.compile(r"(?:^|/)chunk-(\d+)-(trace\.csv|dataset\.json)$")
+_DECOMPRESSORS: dict[bytes, Callable[[BinaryIO], BinaryIO]] = {
+    b"\x1f\x8b": lambda f: cast(BinaryIO, gzip.GzipFile(fileobj=f)),
+    b"BZh": lambda f: cast(BinaryIO, bz2.BZ2File(f)),
+    b"\xfd7zXZ\x00": lambda f: cast(BinaryIO, lzma.LZMAFile(f)),
+}
+"""What ``tarfile``'s ``r:*`` mode reads, by magic bytes; anything else is read as a plain tar."""
+MAX_PMF_ENTRIES = 1 << 20
+"""Token counts in one PMF: a context of a million tokens has no more distinct lengths."""
+MAX_LITERAL_CHARS = MiB
+"""A PMF not in the plain form goes through ``ast.literal_eval``, about 115 bytes of memory a character."""
+_WS = r"[ \t\r\n]*"
+_NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_PMF_OPEN = re.compile(rf"{_WS}\{{")
+_PMF_ITEM = re.compile(rf"{_WS}({_NUMBER}){_WS}:{_WS}({_NUMBER}){_WS}(?:,|(?=\}}))")
+_PMF_CLOSE = re.compile(rf"{_WS}\}}{_WS}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +122,11 @@ class ServeGenDay:
             raise TraceError(path, "window_start_s must run 0, w, 2w, ... with one window length w")
         self.clients = tuple(clients)
         self.duration_s = len(grid) * self.window_s
+        total = sum(float(np.rint(c.rate * self.window_s).sum()) for c in self.clients)
+        if not total <= MAX_GENERATED_REQUESTS:
+            raise TraceError(
+                path, f"its rates make {total:.6g} requests a day, over the limit of {MAX_GENERATED_REQUESTS}"
+            )
         self._pmfs: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def pmf(self, client: Client, block: int, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -162,22 +203,74 @@ class ServeGenSource:
         )
 
 
+class _Capped:
+    """An archive's decompressed stream that ``tarfile`` reads and seeks in, refusing to go past
+    ``budget`` bytes (a header claiming gigabytes, or a member skipped over, is refused before
+    it is decompressed)."""
+
+    def __init__(self, stream: BinaryIO, budget: int, path: Path):
+        self.stream, self.budget, self.path = stream, budget, path
+
+    def _refuse(self) -> TraceError:
+        return TraceError(
+            self.path,
+            f"the archive holds more than {self.budget} bytes (decompressed), over the trace limit "
+            "(set CHUNKGYM_MAX_TRACE_BYTES to raise it)",
+        )
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        target = offset if whence == os.SEEK_SET else self.stream.tell() + offset
+        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target > self.budget:
+            raise self._refuse()
+        return self.stream.seek(target)
+
+    def read(self, size: int = -1) -> bytes:
+        left = self.budget + 1 - self.stream.tell()
+        data = self.stream.read(left if size < 0 else min(size, left))
+        if len(data) == left:
+            raise self._refuse()
+        return data
+
+
 def _read_members(path: Path) -> dict[int, dict[str, tuple[str, bytes]]]:
     """``{client: {"trace.csv" | "dataset.json": (member name, bytes)}}`` from one folder of the archive."""
     found: dict[int, dict[str, tuple[str, bytes]]] = {}
     folders = set()
+    budget, read = max_trace_bytes(), 0
     try:
-        with tarfile.open(path, "r:*") as tar:
-            for member in tar:
-                match = _MEMBER.search(member.name)
-                if not (member.isfile() and match):
-                    continue
-                folders.add(member.name[: match.start() + 1])
-                file = tar.extractfile(member)
-                assert file is not None, "a regular member (isfile() above) always has its data"
-                data = file.read()
-                found.setdefault(int(match.group(1)), {})[match.group(2)] = (member.name, data)
-    except (OSError, tarfile.TarError, EOFError) as exc:
+        fd, size = open_regular(path)
+    except ReceivedFileError as exc:
+        raise TraceError(path, str(exc).removeprefix(f"{path}: ")) from None
+    try:
+        with os.fdopen(fd, "rb") as raw:
+            if size > budget:
+                raise TraceError(path, f"is {size} bytes, over the trace limit of {budget} bytes")
+            magic = raw.read(6)
+            raw.seek(0)
+            opener = next((o for m, o in _DECOMPRESSORS.items() if magic.startswith(m)), None)
+            stream = opener(raw) if opener else raw
+            capped = cast(BinaryIO, _Capped(stream, budget, path))
+            with tarfile.open(fileobj=capped, mode="r:") as tar:
+                for member in tar:
+                    match = _MEMBER.search(member.name)
+                    if not (member.isfile() and match):
+                        continue
+                    read += member.size  # its stated size: a sparse member's holes count too
+                    if read > budget:
+                        raise TraceError(
+                            path,
+                            f"its members up to {member.name} hold {read} bytes (stated sizes), over the trace "
+                            f"limit of {budget} bytes (set CHUNKGYM_MAX_TRACE_BYTES to raise it)",
+                        )
+                    folders.add(member.name[: match.start() + 1])
+                    file = tar.extractfile(member)
+                    assert file is not None, "a regular member (isfile() above) always has its data"
+                    data = file.read(member.size)
+                    found.setdefault(int(match.group(1)), {})[match.group(2)] = (member.name, data)
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"cannot read ServeGen archive: {exc}") from exc
     if len(folders) > 1:
         raise TraceError(path, f"archive holds several ServeGen folders {sorted(folders)}; expected one")
@@ -187,8 +280,11 @@ def _read_members(path: Path) -> dict[int, dict[str, tuple[str, bytes]]]:
 def _parse_client(path: Path, cid: int, parts: dict[str, tuple[str, bytes]]) -> tuple[list[float], Client]:
     name, data = parts["trace.csv"]
     where = f"{path}[{name}]"
-    starts, rate, dist, shape, lines = [], [], [], [], []
-    for line, text in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+    starts, rate, shape, lines = array("d"), array("d"), array("d"), array("q")
+    dist: list[str] = []
+    decoded = data.decode("utf-8", errors="replace")
+    pieces = (decoded[i : i + MiB] for i in range(0, len(decoded), MiB))
+    for line, text in enumerate(itertools.chain.from_iterable(split_lines(pieces)), start=1):
         if not text.strip():
             continue
         cells = [c.strip() for c in text.split(",")]
@@ -215,7 +311,7 @@ def _parse_client(path: Path, cid: int, parts: dict[str, tuple[str, bytes]]) -> 
         lines.append(line)
         starts.append(row["window_start_s"])
         rate.append(row["rate"])
-        dist.append(kind or "gamma")
+        dist.append(sys.intern(kind or "gamma"))
         shape.append(row["p1"] if row["rate"] > 0 else 1.0)
     pmf_where = f"{path}[{parts['dataset.json'][0]}]"
     pmf_text = _parse_dataset(pmf_where, parts["dataset.json"][1])
@@ -225,22 +321,22 @@ def _parse_client(path: Path, cid: int, parts: dict[str, tuple[str, bytes]]) -> 
     rate_a = np.asarray(rate)
     block = np.full(len(starts), -1, dtype=np.int64)
     for j, s in enumerate(starts):
-        earlier = [b for b in usable if b <= s]
+        earlier = bisect.bisect_right(usable, s)  # the blocks at or before s
         if earlier:
-            block[j] = earlier[-1]
+            block[j] = usable[earlier - 1]
         elif rate_a[j] > 0:
             raise TraceError(
                 where, f"no non-empty length PMFs at or before window {s:g} s", lines[j], "window_start_s"
             )
     client = Client(cid, where, pmf_where, rate_a, tuple(dist), np.asarray(shape), block, pmf_text)
-    return starts, client
+    return list(starts), client
 
 
 def _parse_dataset(where: str, data: bytes) -> dict[int, dict[str, str]]:
     try:
         raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(where, f"malformed JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:  # also deep nesting and integers past the digit limit
+        raise TraceError(where, f"malformed JSON: {str(exc).splitlines()[0][:200]}") from None
     if not isinstance(raw, dict):
         raise TraceError(where, "expected a JSON object mapping window start to PMFs")
     blocks = {}
@@ -256,10 +352,23 @@ def _parse_dataset(where: str, data: bytes) -> dict[int, dict[str, str]]:
 
 def _parse_pmf(client: Client, block: int, field: str) -> tuple[np.ndarray, np.ndarray]:
     where, label = client.pmf_where, f"[{block}][{field}]"
+    text = client.pmf_text[block][field]
     try:
-        pmf = ast.literal_eval(client.pmf_text[block][field])
+        pmf = _plain_pmf(text, where, label)
+        if pmf is None and len(text) > MAX_LITERAL_CHARS:
+            raise TraceError(
+                where,
+                f"not a plain {{tokens: probability}} dict, and over {MAX_LITERAL_CHARS} characters",
+                field=label,
+            )
+        if pmf is None:
+            pmf = ast.literal_eval(text)
+    except TraceError:
+        raise
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
-        raise TraceError(where, f"not a Python dict literal: {exc}", field=label) from None
+        raise TraceError(
+            where, f"not a Python dict literal: {str(exc).splitlines()[0][:200]}", field=label
+        ) from None
     if not isinstance(pmf, dict) or not pmf:
         raise TraceError(where, "expected a non-empty {tokens: probability} dict", field=label)
     values = np.asarray(list(pmf), dtype=object)
@@ -276,3 +385,32 @@ def _parse_pmf(client: Client, block: int, field: str) -> tuple[np.ndarray, np.n
     cdf = np.cumsum(probs) / total
     cdf[-1] = 1.0
     return values, cdf
+
+
+def _plain_pmf(text: str, where: str, label: str) -> dict[int | float, int | float] | None:
+    """``text`` as ServeGen writes a PMF, ``{1: 0.25, 2: 0.75}`` (numbers only), read in one linear
+    pass into the dict ``ast.literal_eval`` gives; None when it has any other form."""
+    opened = _PMF_OPEN.match(text)
+    if opened is None:
+        return None
+    pmf: dict[int | float, int | float] = {}
+    pos = opened.end()
+    while item := _PMF_ITEM.match(text, pos):
+        key, value = _plain_number(item[1]), _plain_number(item[2])
+        if key is None or value is None:
+            return None
+        pmf[key] = value
+        if len(pmf) > MAX_PMF_ENTRIES:
+            raise TraceError(where, f"more than {MAX_PMF_ENTRIES} token counts", field=label)
+        pos = item.end()
+    return pmf if _PMF_CLOSE.fullmatch(text, pos) else None
+
+
+def _plain_number(token: str) -> int | float | None:
+    """A number token as Python reads the literal (None for ``007``, which is no literal)."""
+    digits = token.lstrip("+-")
+    if any(c in digits for c in ".eE"):
+        return float(token)
+    if len(digits) > 1 and digits[0] == "0" and digits.strip("0"):
+        return None
+    return int(token)
