@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from envs.serving.workload import FILE_PREFIX, workload_names
 
 FLEET_REPLICAS = Rule(lambda v: 1 <= v <= MAX_SERVERS, f"an integer in 1..{MAX_SERVERS}")
 COST_NAMES = ("calibrated", "roofline")
+LENGTH_SCALED = re.compile(r".+/len[0-9.e+-]+")
+"""An engine replay's workload label, ``<workload>/len<length_scale>`` (engine/replay.py)."""
 """Cost models by name; anything else is a coefficient file's path."""
 ROW_KEY = ("backend", "policy", "workload", "load_scale", "seed", "fleet_replicas", "fleet_router")
 """What makes a row one run: the board pools rows that share a key, so a results file holds each once.
@@ -113,6 +116,9 @@ def check_workload(value: object, allowed: AllowedPaths | None) -> str:
                 f"{shown(value)} names a trace file that was not allowed; allow_paths=[PATH] on the "
                 "command line lets rows read a file or folder you trust"
             )
+        return value
+    if isinstance(value, str) and LENGTH_SCALED.fullmatch(value) and as_float(value.rsplit("/len", 1)[1]):
+        check_workload(value.rsplit("/len", 1)[0], allowed)  # an engine replay's lighter requests
         return value
     if not isinstance(value, str) or value not in workload_names():
         raise ValueError(
