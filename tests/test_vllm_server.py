@@ -165,7 +165,7 @@ def test_an_old_folder_without_a_tokenizer_gets_one_and_keeps_its_weights(model_
 
 def test_a_bad_model_name_fails_in_one_line_before_anything_is_written(tmp_path):
     done = _run("-m", "engine.vllm_backend.model_folder", f"out={tmp_path / 'm'}", "model=nope", timeout=120)
-    assert done.returncode == 1 and not (tmp_path / "m").exists()
+    assert done.returncode == 2 and not (tmp_path / "m").exists()
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"\S+: error: model='nope': must be one of .*\bvllm_small\b.*", last), done.stderr
