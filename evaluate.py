@@ -11,6 +11,7 @@ Named workloads run on their test split (``split=val`` to select models), one wi
 (split ``all``; the seed draws the arrivals of a length-only file). Writes under ``output_dir``:
 ``results.csv`` and ``results.json`` (one row per policy, workload, load scale and seed; floats
 exact), ``leaderboard.md`` (also printed), ``buckets.csv`` (per prompt-length bucket),
+``tenants.csv`` (per tenant, SLO class and class-bucket: docs/tenants.md),
 ``capacity.csv`` (with ``capacity=true``) and PNG plots. Options: :class:`EvaluateConfig`.
 """
 
@@ -47,6 +48,7 @@ from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.metrics import SLOSpec
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
+from envs.serving.tenancy import trace_tenants
 from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
 from leaderboard.runs import (
@@ -73,8 +75,9 @@ ALL_POLICIES = "all"
 MAX_REPORTED = 50
 """Differing values validation prints (it counts them all)."""
 OUTPUTS = (
-    "results.csv", "results.json", "buckets.csv", "capacity.csv", "leaderboard.md", "goodput_vs_load.png",
-    "tbt_cdf.png", "timeline_fcfs_vs_sarathi.png", "batch_composition.png", "wandb",
+    "results.csv", "results.json", "buckets.csv", "tenants.csv", "capacity.csv", "leaderboard.md",
+    "goodput_vs_load.png", "tbt_cdf.png", "timeline_fcfs_vs_sarathi.png", "batch_composition.png",
+    "service_by_tenant.png", "wandb",
 )  # fmt: skip
 """What evaluate.py writes into ``output_dir``: none of them may be a link planted there."""
 SHOWCASE_POLICIES = ("fcfs", "sarathi_512")
@@ -281,6 +284,8 @@ def evaluate(conf: EvaluateConfig, grid: Grid, out: Path) -> None:
         write_json([d.row for d in done], tmp)
     with atomic_path(out / "buckets.csv") as tmp:
         write_csv([b for d in done for b in d.buckets], tmp)
+    with atomic_path(out / "tenants.csv") as tmp:
+        write_csv([t for d in done for t in d.tenants], tmp)
     capacity = measure_capacities(conf, grid.specs, out / "capacity.csv") if conf.capacity else None
     ranked = ranking(results)
     board = markdown(results, ranked, capacity)
@@ -339,7 +344,8 @@ def draw(
         plots.goodput_vs_load(ranked, setup, out / "goodput_vs_load.png"),
         plots.tbt_cdfs(results, [d.tbt_quantiles for d in done], TBT_PROBS, out / "tbt_cdf.png"),
     ]
-    runs = {s.policy: simulate(s)[1] for s in grid.showcase}
+    traced = {s.policy: simulate(s) for s in grid.showcase}
+    runs = {policy: result for policy, (_, result) in traced.items()}
     first = grid.showcase[0]
     title = f"{first.workload}, load {first.load_scale:g}x, seed {first.seed}; {plots.setup_label(results, False)}"
     stall = plots.find_stall(runs[first.policy])
@@ -351,6 +357,12 @@ def draw(
         images.append(plots.timeline(runs, stall, slo, title, out / "timeline_fcfs_vs_sarathi.png"))
         span = plots.stall_window(runs, stall)
     images.append(plots.batch_composition(runs, span, title, out / "batch_composition.png"))
+    trace = next(iter(traced.values()))[0]
+    tenants = trace_tenants(trace)
+    if len(set(tenants)) > 1:
+        images.append(
+            plots.service_by_tenant(runs, tenants, trace.span_s, title, out / "service_by_tenant.png")
+        )
     return images
 
 

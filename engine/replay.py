@@ -192,19 +192,10 @@ def scheduler_overhead(conf: ReplayConfig, model: LlamaModel, span_s: float = OV
 
 
 def head(trace: Trace, span_s: float) -> Trace:
-    """The requests of ``trace`` arriving in its first ``span_s`` seconds."""
-    keep = trace.arrival_s < span_s
-    hashes = (
-        None if trace.hash_ids is None else tuple(h for h, k in zip(trace.hash_ids, keep, strict=True) if k)
-    )
-    return dataclasses.replace(
-        trace,
-        arrival_s=trace.arrival_s[keep],
-        prompt_len=trace.prompt_len[keep],
-        output_len=trace.output_len[keep],
-        hash_ids=hashes,
-        span_s=min(span_s, trace.span_s),
-    )
+    """The requests of ``trace`` arriving in its first ``span_s`` seconds (arrivals are sorted), with
+    their prefix hashes and tenant labels."""
+    count = int(np.searchsorted(trace.arrival_s, span_s, side="left"))
+    return dataclasses.replace(trace.slice(0, count), span_s=min(span_s, trace.span_s))
 
 
 def run_sim(conf: ReplayConfig, policy: str, trace: Trace, time_scale: float = 1.0) -> SimResult:

@@ -5,7 +5,8 @@
 * CDFs of the pooled token gaps (TBT), per workload and load (:data:`TBT_HIGHLIGHT` strong, the rest faint);
 * the stall picture: one streaming request's token gaps while a long prompt is prefilled,
   FCFS beside Sarathi (:func:`find_stall` picks the pair);
-* per-iteration batch composition (prefill vs decode tokens) over the same stretch of time.
+* per-iteration batch composition (prefill vs decode tokens) over the same stretch of time;
+* with more than one tenant, each tenant's service over the showcase window (VTC's figure).
 
 Every figure's title names the workload, load and seed it shows and the setup (:func:`setup_label`).
 """
@@ -25,6 +26,7 @@ import pandas as pd  # noqa: E402
 
 from envs.serving.loop import SimResult  # noqa: E402
 from envs.serving.metrics import SLO  # noqa: E402
+from envs.serving.tenancy import W_IN, W_OUT, service_events, service_over_time, tenant_codes  # noqa: E402
 
 HIGHLIGHT = {"fcfs": "tab:red", "adaptive_srpf": "tab:green", "learned": "tab:blue"}
 """Always drawn strong in the goodput plot: no chunking, the best adaptive heuristic, the learned policy."""
@@ -292,4 +294,42 @@ def batch_composition(
     axes[-1, 0].set_xlabel("time (s)")
     axes[-1, 0].set_xlim(*span)
     fig.suptitle(f"Tokens per iteration: {title}", fontsize=10)
+    return _save(fig, path)
+
+
+SERVICE_GRID = 200
+"""Times at which :func:`service_by_tenant` samples each tenant's service."""
+
+
+def service_by_tenant(
+    results: Mapping[str, SimResult], tenants: np.ndarray, span_s: float, title: str, path: Path
+) -> Path:
+    """VTC's figure, a column per policy: each tenant's cumulative service (weighted tokens,
+    :mod:`envs.serving.tenancy`) and its service rate over time; the arrival window's end dashed."""
+    names, codes = tenant_codes(tenants)
+    fig, axes = plt.subplots(
+        2, len(results), figsize=(6 * len(results), 6.5), squeeze=False, sharex=True, layout="constrained"
+    )
+    for j, (policy, result) in enumerate(results.items()):
+        out = result.outcomes
+        times = [result.token_times.get(i) for i in range(len(out.arrival))]
+        service = service_events(out, codes, times)
+        end = float(service.time[-1]) if len(service.time) else span_s
+        grid = np.linspace(0.0, max(end, span_s), SERVICE_GRID)
+        curves = service_over_time(service, len(names), grid)
+        rates = np.diff(curves, axis=1) / np.diff(grid)
+        for k, name in enumerate(names):
+            axes[0, j].plot(grid, curves[k], lw=1.5, label=name)
+            axes[1, j].stairs(rates[k], grid, lw=1.2, label=name)
+        axes[0, j].set_title(policy, fontsize=10)
+        for ax in axes[:, j]:
+            ax.axvline(span_s, color="k", ls="--", lw=0.8)
+            ax.grid(alpha=0.3)
+        axes[1, j].set_xlabel("time (s); dashed: end of the arrival window")
+    axes[0, 0].set_ylabel("service received (weighted tokens)")
+    axes[1, 0].set_ylabel("service rate (weighted tokens/s)")
+    axes[0, -1].legend(title="tenant", fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(
+        f"Service per tenant (prompt tokens x{W_IN:g}, output tokens x{W_OUT:g}): {title}", fontsize=10
+    )
     return _save(fig, path)

@@ -31,6 +31,7 @@ from envs.serving.loop import SimResult
 from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.specs import load_hardware, load_model
+from envs.serving.tenancy import fairness_summary, group_rows, trace_classes, trace_tenants
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
 from leaderboard.cells import (
     NO_PATHS,
@@ -255,11 +256,13 @@ def _window(value: Any) -> float | None:
 
 @dataclass
 class RowResult:
-    """A simulated row: its results columns, its prompt-length buckets and its token-gap quantiles."""
+    """A simulated row: its results columns, its prompt-length buckets, its token-gap quantiles and
+    its per tenant, class and class-bucket rows (``tenants.csv``)."""
 
     row: dict[str, Any]
     buckets: list[dict[str, Any]]
     tbt_quantiles: np.ndarray
+    tenants: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def simulate(spec: RunSpec) -> tuple[Trace, SimResult]:
@@ -287,6 +290,9 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
     so both have the same columns computed by the same code.
     """
     setup = spec.setup.build()
+    n = len(result.outcomes.arrival)
+    tenants, classes = trace_tenants(trace), trace_classes(trace, spec.setup.slo.name)
+    token_times = [result.token_times.get(i) for i in range(n)]
     keys = {
         "policy": spec.policy,
         "workload": spec.workload,
@@ -311,6 +317,7 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
         "fleet_router": spec.fleet.router if spec.fleet.servers > 1 else "",
         "load_imbalance": result.metrics.get("load_imbalance", 1.0),
         "goodput_per_gpu": result.metrics["goodput_rps"] / (spec.fleet.servers * spec.setup.tp),
+        **fairness_summary(result.outcomes, tenants, token_times, trace.span_s),
         "slo_tpot_s": setup.slo.tpot_s,
         "slo_stall_s": setup.slo.stall_s,
         "cost_model_source": setup.cost_model.description,
@@ -323,7 +330,8 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
     buckets = [{**keys, **bucket} for bucket in bucket_summaries(result.outcomes)]
     gaps = np.concatenate(result.outcomes.gaps) if result.outcomes.gaps else np.empty(0)
     quantiles = np.quantile(gaps, TBT_PROBS) if len(gaps) else np.full(len(TBT_PROBS), np.nan)
-    return RowResult(row, buckets, quantiles)
+    by_tenant = [{**keys, **r} for r in group_rows(result.outcomes, tenants, classes, trace.span_s)]
+    return RowResult(row, buckets, quantiles, by_tenant)
 
 
 @dataclass(frozen=True)

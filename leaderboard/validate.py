@@ -3,7 +3,8 @@
 Rows are numbered from 1 (row 1 is the CSV's second line, the JSON array's first object). Every
 column the rerun produces is compared exactly (numbers as numbers, NaN equal to NaN/empty/null),
 except wall-clock time and where the row was made: ``UNCOMPARED``; the vLLM-named columns
-(``metrics.VLLM_COLUMNS``) are compared where the file has them.
+(``metrics.VLLM_COLUMNS``), the fleet's and the tenants' fairness columns (``tenancy.FAIRNESS_COLUMNS``)
+are compared where the file has them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from chunkgym.parallel import parallel_map
 from envs.serving.metrics import VLLM_COLUMNS
+from envs.serving.tenancy import FAIRNESS_COLUMNS
 from leaderboard.cells import AllowedPaths, check_unique
 from leaderboard.runs import FLEET_COLUMNS, RunSpec, SetupKey, cached_workload, run_row
 from leaderboard.tables import read_rows
@@ -88,7 +90,8 @@ def compare(expected: Mapping[str, Any], got: Mapping[str, Any], where: str) -> 
         if column in UNCOMPARED:
             continue
         if column not in expected:
-            if column in VLLM_COLUMNS or column in FLEET_COLUMNS:  # added later: older files still validate
+            # Added later: older files still validate.
+            if column in VLLM_COLUMNS or column in FLEET_COLUMNS or column in FAIRNESS_COLUMNS:
                 continue
             problems.append(f"{where}, column {column}: missing from the file (rerun gives {value!r})")
         elif not same(expected[column], value):

@@ -1,7 +1,7 @@
 """Workloads: named request streams with time-disjoint splits, seeded windows and load scaling.
 
 A workload is one ``conf/workload/NAME.yaml`` (:class:`WorkloadSpec`) or any supported trace file
-(``file:PATH``). It hands out :class:`Trace` objects: a whole split (train/val/test = 60/20/20 of
+(``file:PATH``), or a mix of such sources as tenants (``format: mix``, docs/tenants.md). It hands out :class:`Trace` objects: a whole split (train/val/test = 60/20/20 of
 the source by time, by row for length-only files) or a seeded window of one. Times are seconds,
 rebased to the window start and divided by ``rate_scale * load_scale``, so load scaling compresses
 or stretches inter-arrival times and nothing else. Same (spec, split, seed, load_scale) -> the same
@@ -30,13 +30,23 @@ from envs.serving.specs import CONF_DIR
 from envs.serving.workloads import synthetic
 from envs.serving.workloads.files import link_problem, read_rows, sniff_format
 from envs.serving.workloads.lengths import LengthSource
+from envs.serving.workloads.mix import MixSource, Tenant
 from envs.serving.workloads.renewal import Renewal, check_seed
 from envs.serving.workloads.servegen import ServeGenSource, load_day
-from envs.serving.workloads.spec import WorkloadSpec
+from envs.serving.workloads.spec import TenantSpec, WorkloadSpec
 from envs.serving.workloads.timed import TimedSource, infer_slot_s
 from envs.serving.workloads.trace import SPLITS, MissingTraceError, Source, Trace, TraceError
 
-__all__ = ["SPLITS", "Trace", "TraceError", "Workload", "WorkloadSpec", "load_workload", "workload_names"]
+__all__ = [
+    "SPLITS",
+    "TenantSpec",
+    "Trace",
+    "TraceError",
+    "Workload",
+    "WorkloadSpec",
+    "load_workload",
+    "workload_names",
+]
 
 log = logging.getLogger(__name__)
 WORKLOAD_DIR = CONF_DIR / "workload"
@@ -97,7 +107,10 @@ class Workload:
     def seeded_arrivals(self) -> bool:
         """Whether ``split(..., seed)`` depends on the seed: generated arrivals (length-only files,
         ServeGen) or slot jitter. A timed file's own rows (Azure, unjittered Mooncake) do not, so a
-        ``file:`` trace used whole gives the same run for every seed."""
+        ``file:`` trace used whole gives the same run for every seed; a mix's split depends on the
+        seed where one of its tenants' does."""
+        if isinstance(self._source, MixSource):
+            return self._source.seeded
         return self.spec.format in ("lengths", "servegen") or self.spec.slot_jitter_s > 0
 
     def split(self, split: str, seed: int = 0, load_scale: float = 1.0) -> Trace:
@@ -149,6 +162,8 @@ def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Sou
     """The split/window provider for ``spec``: a file reader, or the synthetic stand-in."""
     if spec.format == "synthetic":
         return _synthetic(spec, spec.base_rate or None)
+    if spec.format == "mix":
+        return _mix(spec, root)
     base = chunkgym.data_root(root)
     path = Path(spec.path).expanduser()
     path = path if path.is_absolute() else chunkgym.data_file(path, root)
@@ -169,6 +184,20 @@ def _open_source(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> Sou
         cv = spec.burstiness_cv if spec.arrival_process == "gamma" else 1.0
         return LengthSource(spec.name, source, rows, Renewal.from_rate(spec.base_rate, cv))
     return TimedSource(spec.name, source, rows, spec.slot_jitter_s)
+
+
+def _mix(spec: WorkloadSpec, root: str | os.PathLike[str] | None) -> MixSource:
+    """The tenants' sources opened (each a workload name or ``file:PATH``; mixes do not nest)."""
+    tenants, seeded = [], False
+    for i, tenant in enumerate(spec.tenants):
+        workload = load_workload(tenant.source, root)
+        if isinstance(workload._source, MixSource):
+            raise ValueError(
+                f"workload {spec.name!r}: tenants[{i}].source {tenant.source!r} is a mix; mixes do not nest"
+            )
+        tenants.append(Tenant(tenant, workload._source, workload.spec.length_scale))
+        seeded = seeded or workload.seeded_arrivals
+    return MixSource(spec.name, spec.base_rate, tenants, seeded)
 
 
 def _synthetic(spec: WorkloadSpec, rate: float | None) -> TimedSource:

@@ -1,7 +1,10 @@
 """Readers for request files: Azure 2023 CSV, Mooncake JSONL, length-only CSV.
 
 Each reader validates every row (a bad value raises :class:`TraceError` naming file, 1-based line
-and field: lengths at most 2**31 - 1, hash ids within int64) and the time axis (a
+and field: lengths at most 2**31 - 1, hash ids within int64; the optional tenant and SLO-class
+labels, a ``Tenant``/``SloClass`` column in CSV or a ``tenant``/``slo_class`` field in every
+Mooncake record or none, non-empty printable text of at most 64 characters, a class named in
+``conf/slo_class``) and the time axis (a
 trace with no time span, or whose span one outlier timestamp makes, is refused with the
 numbers, since every rate computed on it would be meaningless), and returns :class:`Rows`, cached per resolved path, size and modification time, so a
 file is parsed once per process however many workloads use it. Nothing is dropped: every data row
@@ -41,11 +44,15 @@ import numpy as np
 import pandas as pd
 
 from chunkgym.received import MiB, ReceivedFileError, open_regular
-from envs.serving.workloads.trace import TraceError
+from envs.serving.workloads.trace import TraceError, class_problem, label_problem
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+LABEL_COLUMNS = ("Tenant", "SloClass")
+"""Optional CSV columns (Azure and length-only files): each row's tenant and SLO class."""
+LABEL_FIELDS = ("tenant", "slo_class")
+"""Optional Mooncake fields: each record's tenant and SLO class."""
 MOONCAKE_BLOCK_TOKENS = 512
 MAX_LENGTH = 2**31 - 1
 """Largest token count accepted (far past any context window; exact when parsed as a float)."""
@@ -73,6 +80,7 @@ class Rows:
 
     ``times`` are seconds from the trace's zero (Azure: the first request; Mooncake: the file's
     zero) and ``None`` for length-only files. ``hash_ids`` are per-request views of one array.
+    ``tenant`` and ``slo_class``: each request's labels where the file carries them, else None.
     """
 
     path: str
@@ -81,6 +89,8 @@ class Rows:
     output: np.ndarray
     hash_ids: tuple[np.ndarray, ...] | None = None
     hash_block_tokens: int = 0
+    tenant: tuple[str, ...] | None = None
+    slo_class: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -312,18 +322,20 @@ def _read_cached(path: str, fmt: str, _mtime_ns: int, _size: int) -> Rows:
 
 
 def _csv_batches(path: Path, required: tuple[str, ...]) -> Iterator[pd.DataFrame]:
-    """The required columns as strings, indexed by 1-based file line, a chunk of the file at a
-    time (so pandas' strings, about 60 bytes a cell, exist for one chunk only); blank lines left out.
+    """The required columns and the :data:`LABEL_COLUMNS` the header has, as strings, indexed by
+    1-based file line, a chunk of the file at a time (so pandas' strings, about 60 bytes a cell,
+    exist for one chunk only); blank lines left out.
 
     The header is checked alone first; each batch is parsed with the header in front, as the
     same lines of the whole file would be."""
     lists = _line_lists(path)
     first = next(lists, [""])
     header = first[0]
-    _csv_frame(path, header, [], np.empty(0, np.int64), required)
+    present = _csv_frame(path, header, [], np.empty(0, np.int64), required).columns
+    wanted = required + tuple(c for c in LABEL_COLUMNS if c in present)
     for numbers, lines in _numbered(itertools.chain([first[1:]], lists), 2):
         if len(lines):
-            yield _csv_frame(path, header, lines, numbers, required)
+            yield _csv_frame(path, header, lines, numbers, wanted)
 
 
 def _csv_frame(
@@ -350,6 +362,8 @@ def _csv_frame(
             )
     if len(df) != len(lines):
         raise TraceError(path, "multi-line (quoted) CSV records are not supported")
+    if not lines:  # the header alone: which optional columns it has
+        return df
     columns: pd.DataFrame = df[list(required)].set_axis(numbers)
     return columns
 
@@ -372,6 +386,23 @@ def _positive_ints(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _csv_labels(path: Path, df: pd.DataFrame, column: str, canonical: dict[str, str]) -> list[str]:
+    """The ``column`` cells (stripped) as labels, each distinct value checked once and stored
+    once (``canonical``: the column's values so far, shared across a file's batches)."""
+    cells = [str(v).strip() if isinstance(v, str) else "" for v in df[column].tolist()]
+    for value in set(cells) - canonical.keys():
+        problem = label_problem(value) or (class_problem(value) if column == "SloClass" else None)
+        if problem:
+            mask = np.fromiter((c == value for c in cells), dtype=bool, count=len(cells))
+            raise _bad_cell(path, df, column, mask, f"a label ({problem})")
+        canonical[value] = value
+    return [canonical[c] for c in cells]
+
+
+def _ordered(labels: list[str] | None, order: np.ndarray) -> tuple[str, ...] | None:
+    return None if labels is None else tuple(labels[i] for i in order.tolist())
+
+
 def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 
@@ -381,8 +412,13 @@ def _read_azure(path: Path) -> Rows:
     prompt_parts: list[np.ndarray] = []
     output_parts: list[np.ndarray] = []
     line_parts: list[np.ndarray] = []
+    labels: dict[str, list[str]] = {}
+    canonical: dict[str, dict[str, str]] = {column: {} for column in LABEL_COLUMNS}
     zones: set[str] = set()
     for df in _csv_batches(path, AZURE_COLUMNS):
+        for column in LABEL_COLUMNS:
+            if column in df.columns:
+                labels.setdefault(column, []).extend(_csv_labels(path, df, column, canonical[column]))
         try:
             stamps = pd.to_datetime(df["TIMESTAMP"].str.strip(), format="ISO8601", errors="coerce")
         except ValueError as exc:  # time zones that differ between rows
@@ -405,15 +441,35 @@ def _read_azure(path: Path) -> Rows:
     times = (ns - ns.min()) / 1e9 if len(ns) else np.empty(0)
     order = np.argsort(times, kind="stable")
     _check_span(path, times[order], _joined(line_parts, np.int64)[order], "TIMESTAMP")
-    return Rows(str(path), times[order], prompt[order], output[order])
+    return Rows(
+        str(path),
+        times[order],
+        prompt[order],
+        output[order],
+        tenant=_ordered(labels.get("Tenant"), order),
+        slo_class=_ordered(labels.get("SloClass"), order),
+    )
 
 
 def _read_lengths(path: Path) -> Rows:
     prompt_parts, output_parts = [], []
+    labels: dict[str, list[str]] = {}
+    canonical: dict[str, dict[str, str]] = {column: {} for column in LABEL_COLUMNS}
     for df in _csv_batches(path, LENGTH_COLUMNS):
         prompt_parts.append(_positive_ints(path, df, "num_prefill_tokens"))
         output_parts.append(_positive_ints(path, df, "num_decode_tokens"))
-    return Rows(str(path), None, _joined(prompt_parts, np.int64), _joined(output_parts, np.int64))
+        for column in LABEL_COLUMNS:
+            if column in df.columns:
+                labels.setdefault(column, []).extend(_csv_labels(path, df, column, canonical[column]))
+    tenant, slo_class = labels.get("Tenant"), labels.get("SloClass")
+    return Rows(
+        str(path),
+        None,
+        _joined(prompt_parts, np.int64),
+        _joined(output_parts, np.int64),
+        tenant=None if tenant is None else tuple(tenant),
+        slo_class=None if slo_class is None else tuple(slo_class),
+    )
 
 
 def _json_int(value: object) -> bool:
@@ -431,6 +487,8 @@ def _read_mooncake(path: Path) -> Rows:
     """Rows of JSON lines, kept in typed arrays (8 bytes a number) as they are read."""
     times, numbers = array("d"), array("q")
     prompt, output, counts, flat = array("q"), array("q"), array("q"), array("q")
+    labels: dict[str, list[str]] | None = None  # the label fields the first record has
+    canonical: dict[str, dict[str, str]] = {field: {} for field in LABEL_FIELDS}
     for number, line in _records(path):
         try:
             rec = json.loads(line)
@@ -471,6 +529,16 @@ def _read_mooncake(path: Path) -> Rows:
             raise TraceError(
                 path, f"block id {big[0]} does not fit in a 64-bit integer", line=number, field="hash_ids"
             )
+        if labels is None:
+            labels = {field: [] for field in LABEL_FIELDS if field in rec}
+        for field in LABEL_FIELDS:
+            if (field in rec) != (field in labels):
+                problem = "missing field" if field in labels else "the first record lacks this field"
+                raise TraceError(
+                    path, f"{problem}: every record has it or none does", line=number, field=field
+                )
+        for field, out in labels.items():
+            out.append(_json_label(path, rec[field], canonical[field], number, field))
         times.append(ts / 1000.0)
         prompt.append(n_in)
         output.append(n_out)
@@ -490,4 +558,20 @@ def _read_mooncake(path: Path) -> Rows:
         np.asarray(output, dtype=np.int64)[order],
         tuple(per_request[i] for i in order),
         MOONCAKE_BLOCK_TOKENS,
+        _ordered((labels or {}).get("tenant"), order),
+        _ordered((labels or {}).get("slo_class"), order),
     )
+
+
+def _json_label(path: Path, value: object, canonical: dict[str, str], line: int, field: str) -> str:
+    """``value`` checked as a label (each distinct text once) and stored once."""
+    if isinstance(value, str) and value in canonical:
+        return canonical[value]
+    problem = label_problem(value)
+    if problem is None and field == "slo_class":
+        problem = class_problem(cast(str, value))
+    if problem:
+        raise TraceError(path, problem, line=line, field=field)
+    text = cast(str, value)
+    canonical[text] = text
+    return text

@@ -46,4 +46,10 @@ class LengthSource:
             span_s=span,
             offset_s=0.0,
             first_row=i0,
+            tenant=None if self.rows.tenant is None else self.rows.tenant[i0:i1],
+            slo_class=None if self.rows.slo_class is None else self.rows.slo_class[i0:i1],
         )
+
+    def mean_rate(self, split: str) -> float:
+        """Requests per second of the arrival process (the same for every split)."""
+        return 1.0 / self.process.mean_iat

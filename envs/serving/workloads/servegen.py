@@ -136,6 +136,13 @@ class ServeGenDay:
             self._pmfs[key] = _parse_pmf(client, block, field)
         return self._pmfs[key]
 
+    def count(self, start: float, end: float) -> float:
+        """Requests of the rate windows in ``[start, end)``, a partly covered window pro rata."""
+        w = self.window_s
+        edges = np.arange(len(self.clients[0].rate) + 1) * w
+        cover = np.clip(np.minimum(edges[1:], end) - np.maximum(edges[:-1], start), 0.0, w) / w
+        return float(sum(np.dot(np.rint(c.rate * w), cover) for c in self.clients))
+
     def generate(self, seed: int, start: float, end: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Arrival times in ``[start, end)`` with prompt and output lengths, sorted by time."""
         w = self.window_s
@@ -201,6 +208,11 @@ class ServeGenSource:
             offset_s=lo,
             first_row=-1,
         )
+
+    def mean_rate(self, split: str) -> float:
+        """Requests per second over ``split``: its rate windows' counts over its length."""
+        lo, hi = (f * self.day.duration_s for f in split_fractions(split))
+        return self.day.count(lo, hi) / (hi - lo)
 
 
 class _Capped:

@@ -75,7 +75,14 @@ class TimedSource:
             span_s=t1 - t0,
             offset_s=t0,
             first_row=int(i0),
+            tenant=None if rows.tenant is None else rows.tenant[i0:i1],
+            slo_class=None if rows.slo_class is None else rows.slo_class[i0:i1],
         )
+
+    def mean_rate(self, split: str) -> float:
+        """Requests per trace second over ``split``."""
+        t0, t1, i0, i1 = self.bounds(split)
+        return (i1 - i0) / (t1 - t0)
 
 
 def infer_slot_s(times: np.ndarray) -> float:

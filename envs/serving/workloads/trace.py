@@ -6,11 +6,16 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from chunkgym.data import MissingDataError
+from envs.serving.slo_classes import slo_class_names
+
+T = TypeVar("T")
+DEFAULT_TENANT = "default"
+"""The tenant of every request of a trace that names none."""
 
 SPLITS: dict[str, tuple[float, float]] = {
     "train": (0.0, 0.6),
@@ -35,6 +40,33 @@ class MissingTraceError(TraceError, MissingDataError):
     """A workload's trace file the data folder lacks (tools print one line naming the fetch command)."""
 
 
+MAX_LABEL_CHARS = 64
+"""Longest tenant or SLO-class label: room for an account id or a UUID, not for a payload."""
+
+
+def label_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a tenant or SLO-class label (non-empty printable text of at most
+    :data:`MAX_LABEL_CHARS` characters, no surrounding whitespace), else None."""
+    if not isinstance(value, str):
+        return f"expected text, got {type(value).__name__}"
+    shown = value if len(value) <= MAX_LABEL_CHARS else f"{value[:MAX_LABEL_CHARS]}..."
+    if not value:
+        return "empty label; expected non-empty text"
+    if len(value) > MAX_LABEL_CHARS:
+        return f"label {shown!r} is {len(value)} characters, over the limit of {MAX_LABEL_CHARS}"
+    if not value.isprintable():
+        return f"label {shown!r} holds characters that are not printable"
+    if value != value.strip():
+        return f"label {shown!r} starts or ends with whitespace"
+    return None
+
+
+def class_problem(value: str) -> str | None:
+    """Why the label ``value`` names no SLO class in ``conf/slo_class``, else None."""
+    names = slo_class_names()
+    return None if value in names else f"unknown slo_class {value!r}; valid names: {', '.join(names)}"
+
+
 def split_fractions(split: str) -> tuple[float, float]:
     """The (start, stop) fraction of ``split``; unknown names raise with the valid ones."""
     try:
@@ -57,6 +89,9 @@ class Trace:
     ``offset_s`` and ``first_row`` record where the stream came from so results can name it:
     the source time (trace seconds, before rate scaling) of this stream's time zero, and the
     source row of its first request (-1 where requests are generated, not file rows).
+    ``tenant`` and ``slo_class`` label each request (in trace order) with who sent it and the
+    class (``conf/slo_class``) it is judged by; None: every request is tenant ``default``
+    (:data:`DEFAULT_TENANT`), judged by the run's SLO.
     """
 
     name: str
@@ -69,6 +104,8 @@ class Trace:
     span_s: float
     offset_s: float = 0.0
     first_row: int = 0
+    tenant: tuple[str, ...] | None = None
+    slo_class: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         arrival = _frozen(self.arrival_s, np.float64)
@@ -93,6 +130,21 @@ class Trace:
                 raise ValueError(f"trace {self.name!r}: span {self.span_s} s < last arrival {arrival[-1]} s")
             if prompt.min() < 1 or output.min() < 1:
                 raise ValueError(f"trace {self.name!r}: prompt and output lengths must be >= 1")
+        for field in ("tenant", "slo_class"):
+            self._check_labels(field)
+
+    def _check_labels(self, field: str) -> None:
+        labels = getattr(self, field)
+        if labels is None:
+            return
+        labels = tuple(labels)
+        object.__setattr__(self, field, labels)
+        if len(labels) != len(self):
+            raise ValueError(f"trace {self.name!r}: {len(labels)} {field} labels for {len(self)} requests")
+        for value in set(labels):  # few distinct values however long the trace
+            problem = label_problem(value) or (class_problem(value) if field == "slo_class" else None)
+            if problem:
+                raise ValueError(f"trace {self.name!r}: field {field!r}: {problem}")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -134,16 +186,25 @@ class Trace:
     def slice(self, start: int, stop: int) -> Trace:
         """Requests ``[start, stop)`` in the same time base (same span and offset)."""
         start, stop, _ = slice(start, stop).indices(len(self))
-        hashes = None if self.hash_ids is None else self.hash_ids[start:stop]
         first = self.first_row + start if self.first_row >= 0 else -1
         return dataclasses.replace(
             self,
             arrival_s=self.arrival_s[start:stop],
             prompt_len=self.prompt_len[start:stop],
             output_len=self.output_len[start:stop],
-            hash_ids=hashes,
+            hash_ids=_part(self.hash_ids, start, stop),
             first_row=first,
+            tenant=_part(self.tenant, start, stop),
+            slo_class=_part(self.slo_class, start, stop),
         )
+
+    def tenants(self) -> tuple[str, ...]:
+        """Each request's tenant, :data:`DEFAULT_TENANT` where the trace names none."""
+        return self.tenant if self.tenant is not None else (DEFAULT_TENANT,) * len(self)
+
+
+def _part(values: tuple[T, ...] | None, start: int, stop: int) -> tuple[T, ...] | None:
+    return None if values is None else values[start:stop]
 
 
 def _unpickle(fields: dict[str, Any], flat: np.ndarray | None, lengths: np.ndarray | None) -> Trace:
@@ -162,4 +223,8 @@ class Source(Protocol):
 
     def extract(self, split: str, seed: int, window_s: float | None) -> Trace:
         """The split (``window_s`` None) or a seeded window of it, rebased to its start."""
+        ...
+
+    def mean_rate(self, split: str) -> float:
+        """Requests per trace second over ``split``: what a mix scales to its tenant's share."""
         ...
