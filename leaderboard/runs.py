@@ -32,7 +32,7 @@ from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.specs import load_hardware, load_model
 from envs.serving.tenancy import fairness_summary, group_rows, trace_classes, trace_tenants
-from envs.serving.workload import FILE_PREFIX, Trace, Workload, load_workload
+from envs.serving.workload import FILE_PREFIX, Trace, Workload, WorkloadSpec, load_workload
 from leaderboard.cells import (
     NO_PATHS,
     AllowedPaths,
@@ -160,7 +160,7 @@ class RunSpec:
             {
                 **fleet,
                 "policy": yaml.safe_load(policy_conf.read_text()) if policy_conf else self.policy,
-                "workload": dataclasses.asdict(cached_workload(self.workload).spec),
+                "workload": _spec_fields(cached_workload(self.workload).spec),
                 "load_scale": self.load_scale,
                 "seed": self.seed,
                 "split": self.split,
@@ -243,6 +243,15 @@ class RunSpec:
         """The row's :data:`~leaderboard.cells.ROW_KEY`."""
         fleet = (self.fleet.replicas, self.fleet.router) if self.fleet.servers > 1 else (1, "")
         return (BACKEND, self.policy, self.workload, self.load_scale, self.seed, *fleet)
+
+
+def _spec_fields(spec: WorkloadSpec) -> dict[str, Any]:
+    """A workload spec's fields for the hash; a workload without tenants hashes as it did before
+    mixes existed (its rows' ``config_hash`` stays, so ``validate=`` passes on them)."""
+    fields = dataclasses.asdict(spec)
+    if not fields["tenants"]:
+        del fields["tenants"]
+    return fields
 
 
 def _window(value: Any) -> float | None:

@@ -105,3 +105,11 @@ OLD_ROW = {
     '"tpot_multiplier": 3.0, "ttft_base_s": 0.25, "ttft_factor": 2.0}',
     "serving": "{}",
 }
+
+
+def test_rows_made_before_fleets_and_tenants_still_validate(tmp_path: Path) -> None:
+    """Three Azure rows of reports/learned/strict/learned/results.csv (made 2026-12-01, before
+    fleets and mixes): every column reproduces, config_hash included."""
+    fixture = Path(__file__).parent / "fixtures" / "results_before_fleets.csv"
+    done = evaluate(f"validate={fixture}", "progress=false", "n_jobs=1", f"output_dir={tmp_path / 'v'}")
+    assert done.returncode == 0 and "all 3 rows reproduce" in done.stdout, done.stderr[-2000:]
