@@ -11,7 +11,8 @@ floor, chunked prefill on or off; the current settings always among them) and ch
 policies served through the scheduler plug-in, on the calibrated cost model of ``model`` on
 ``hardware``; searches each one's capacity (the highest multiple of today's arrival rate at which
 every SLO target holds); and diagnoses the current settings' token gaps (head-of-line blocking or
-not). Writes ``advice.md``, ``advice.json`` and the plots under ``output_dir``; the last stdout
+not). With ``fleet.replicas`` > 1 each candidate runs on that many servers behind ``fleet.router``
+and its capacity is the fleet's (docs/advise.md, "Fleets"). Writes ``advice.md``, ``advice.json`` and the plots under ``output_dir``; the last stdout
 line is a JSON summary. Options: :class:`AdviseConfig`; the worked example: docs/advise.md.
 """
 
@@ -42,11 +43,13 @@ from chunkgym.config import POSITIVE, SEED, TP, Rule, prefixed, schema, to_objec
 from chunkgym.io import atomic_write_text, folder_lock, refuse_links
 from chunkgym.parallel import default_jobs, parallel_map
 from envs.serving.core import ServingConfig
+from envs.serving.fleet import FleetSpec
 from envs.serving.loop import SimResult
 from envs.serving.metrics import load_slo, slo_names
 from envs.serving.setup import SERVING_RULES, ServingSetup
 from envs.serving.specs import HardwareSpec, ModelSpec
 from envs.serving.workloads.spec import WorkloadSpec
+from policies.config import simulated_fleet
 
 log = logging.getLogger("advise")
 
@@ -110,6 +113,7 @@ class AdviseConfig:
     cost_model: str = "calibrated"  # calibrated (conf/cost), roofline, or a coefficient file path
     serving: ServingConfig = field(default_factory=ServingConfig)  # block size, KV blocks, ...
     current: CurrentConfig = field(default_factory=CurrentConfig)
+    fleet: FleetSpec = field(default_factory=FleetSpec)  # servers behind a router (docs/fleet.md)
     slo: SloConfig = field(default_factory=SloConfig)
     rel_tol: float = 0.02  # the capacity search's relative bracket width
     fast: bool = True  # false: the reference search (same answers, slower)
@@ -147,6 +151,7 @@ class Plan:
     preset: str
     candidates: list[Candidate]
     setups: list[ServingSetup]
+    fleet: FleetSpec  # each candidate's servers: the capacities are this fleet's
 
 
 def plan_of(conf: AdviseConfig) -> Plan:
@@ -161,6 +166,7 @@ def plan_of(conf: AdviseConfig) -> Plan:
         raise ValueError("set either percentile targets (slo.ttft_ms_p99=...) or slo.preset, not both")
     if not targets and preset is None:
         raise ValueError("no SLO: set at least one target such as slo.itl_ms_p99=100, or slo.preset=strict")
+    fleet = simulated_fleet(conf.fleet)
     setup = ServingSetup.from_specs(
         conf.model, conf.hardware, conf.tp, load_slo(preset or "strict"), conf.cost_model, conf.serving
     )
@@ -178,7 +184,7 @@ def plan_of(conf: AdviseConfig) -> Plan:
         conf.duration_s,
         conf.seed,
     )
-    return Plan(traffic, Criterion(targets, attainment), preset or "strict", found, setups)
+    return Plan(traffic, Criterion(targets, attainment), preset or "strict", found, setups, fleet)
 
 
 def _serving(config: ServingConfig, c: Candidate) -> ServingConfig:
@@ -210,7 +216,7 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     start = time.perf_counter()
     jobs = conf.n_jobs or default_jobs()
     runs = parallel_map(
-        _at_rate, [(s, c, plan.traffic) for s, c in zip(plan.setups, plan.candidates, strict=True)],
+        _at_rate, [(s, c, plan.traffic, plan.fleet) for s, c in zip(plan.setups, plan.candidates, strict=True)],
         conf.n_jobs, "at today's rate", conf.progress, conf.backend,
     )  # fmt: skip
     verdicts = [plan.criterion.holds(r.outcomes) for r in runs]
@@ -222,9 +228,10 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     if conf.fast:
         with executor(conf.backend, jobs) as pool:
             found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol,
-                           n_jobs=jobs, executor=pool, at_scale_one=verdicts)  # fmt: skip
+                           n_jobs=jobs, executor=pool, at_scale_one=verdicts, fleet=plan.fleet)  # fmt: skip
     else:
-        found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol, fast=False)
+        found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol, fast=False,
+                       fleet=plan.fleet)  # fmt: skip
     advice, page, summary = _advice(conf, plan, found, runs, out)
     log.info("advised in %.1f s", time.perf_counter() - start)
     print(page, flush=True)
@@ -232,7 +239,7 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     return advice
 
 
-def _at_rate(job: tuple[ServingSetup, Candidate, Traffic]) -> SimResult:
+def _at_rate(job: tuple[ServingSetup, Candidate, Traffic, FleetSpec]) -> SimResult:
     return at_rate(*job)
 
 
@@ -249,6 +256,7 @@ def _advice(
     report = Advice(
         plan.traffic, plan.criterion.targets, plan.preset, plan.criterion.attainment, conf.model.hf_name or conf.model.name,
         _cost_name(conf), found, runs, current, rec_diag, verdict(current, rec_diag, setting), str(out.resolve()),
+        plan.fleet,
     )  # fmt: skip
     advice = report.to_json()
     images: list[str] = []

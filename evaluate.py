@@ -34,7 +34,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from baselines.routers import router_names
 from chunkgym import REPO_ROOT
 from chunkgym.backends import BACKENDS, session
 from chunkgym.cli import fail, one_line_errors, precheck
@@ -44,7 +43,7 @@ from chunkgym.parallel import default_jobs, parallel_map
 from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
-from envs.serving.fleet import ONE_SERVER, FleetSpec
+from envs.serving.fleet import FleetSpec
 from envs.serving.metrics import SLOSpec
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
@@ -66,6 +65,7 @@ from leaderboard.runs import (
 )
 from leaderboard.tables import markdown, ranking, read_capacity, read_results, write_csv, write_json
 from leaderboard.validate import validate
+from policies.config import simulated_fleet
 from policies.registry import make_policy, policy_names
 
 log = logging.getLogger("evaluate")
@@ -185,7 +185,7 @@ def grid_of(conf: EvaluateConfig) -> Grid:
         conf.model.name, conf.hardware.name, conf.tp, conf.slo, conf.cost_model, conf.serving
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
-    fleet = _fleet_of(conf.fleet)
+    fleet = simulated_fleet(conf.fleet)
     unseeded = {w for w in workloads if w.startswith(FILE_PREFIX) and not cached_workload(w).seeded_arrivals}
     for w in sorted(unseeded) if len(seeds) > 1 else []:
         log.warning("%s is used whole and its arrivals do not depend on the seed: seed %d only", w, seeds[0])
@@ -203,20 +203,6 @@ def grid_of(conf: EvaluateConfig) -> Grid:
         seeds[0] if show.seed is None else check_seed(show.seed),
     )
     return Grid(specs, [RunSpec(p, *window, setup, conf.window_s, conf.split) for p in SHOWCASE_POLICIES])
-
-
-def _fleet_of(fleet: FleetSpec) -> FleetSpec:
-    """The fleet checked: a router preset by name, colocated servers only (disaggregated pools are
-    not simulated yet), and at one server the default router (ignored there, so one-server rows stay
-    the rows made before fleets)."""
-    if fleet.router not in router_names():
-        raise ValueError(f"fleet.router={fleet.router!r} is not a router; choose one of {router_names()}")
-    if fleet.disaggregated:
-        raise ValueError(
-            f"fleet.prefill={fleet.prefill} fleet.decode={fleet.decode}: prefill-decode disaggregation "
-            "is not simulated by this version; use fleet.replicas"
-        )
-    return fleet if fleet.servers > 1 else ONE_SERVER
 
 
 def check_named(conf: EvaluateConfig) -> None:

@@ -36,7 +36,7 @@ from chunkgym.registration import ENV_ID_V5
 from chunkgym.tracking import TrainingTracker
 from envs.serving.workload import TraceError, Workload
 from policies import imitation, router_training, training
-from policies.config import RULES, TrainConfig, plain, register_configs, to_train_config
+from policies.config import RULES, TrainConfig, check_fleet, register_configs, run_config, to_train_config
 from policies.export import write_export
 from policies.registry import make_policy
 
@@ -50,7 +50,7 @@ def main(dcfg: DictConfig) -> None:
     started = time.perf_counter()
     # ---- config and run folder ------------------------------------------------------------
     cfg = to_train_config(dcfg)  # a value out of range: one line naming the key, before any work
-    config = plain(dcfg)
+    config = run_config(dcfg, cfg)
     hydra_cfg = HydraConfig.get()
     run_dir = check_output_folder(hydra_cfg.runtime.output_dir, "hydra.run.dir")  # -m jobs too
     lock_for_process(run_dir, "train.py")  # one train.py per run folder (precheck took it for a single run)
@@ -219,5 +219,7 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    precheck(str(REPO_ROOT / "conf"), "train", TrainConfig, RULES)  # bad overrides: one line, no run folder
+    precheck(
+        str(REPO_ROOT / "conf"), "train", TrainConfig, RULES, check_fleet
+    )  # bad overrides: one line, no run folder
     main()

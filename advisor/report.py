@@ -20,6 +20,7 @@ from advisor.engines import Candidate
 from advisor.search import Found
 from advisor.targets import Target, percentile_ms, samples
 from advisor.traffic import Traffic
+from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.loop import SimResult
 from envs.serving.metrics import BUCKET_EDGES, BUCKET_LABELS, RequestOutcomes
 
@@ -91,6 +92,7 @@ class Advice:
     diagnosis_recommended: Diagnosis | None
     sentence: str
     advice_dir: str
+    fleet: FleetSpec = ONE_SERVER  # each candidate's servers (capacities are this fleet's)
 
     @property
     def recommended(self) -> Found | None:
@@ -191,6 +193,10 @@ class Advice:
             },
             "slo": {t.key: t.ms for t in self.targets}
             or {"preset": self.preset, "attainment": self.attainment},
+            "fleet": {
+                "replicas": self.fleet.replicas,
+                "router": self.fleet.router if self.fleet.servers > 1 else None,
+            },
             "candidates": candidates,
             "advice_dir": self.advice_dir,
         }
@@ -224,6 +230,13 @@ def markdown(advice: dict[str, Any], images: list[str]) -> str:
             f"{c['name']}, whose worst target is exceeded "
             + (f"{ratio:.2f}x" if ratio is not None else "without bound (rejected requests)")
             + " at today's rate."
+        ]
+    fleet = advice["fleet"]
+    if fleet["replicas"] > 1:
+        lines += [
+            "",
+            f"Fleet: {fleet['replicas']} servers behind the {fleet['router']} router, each with the "
+            "candidate's settings; every capacity and rate here is the whole fleet's.",
         ]
     d = advice["diagnosis_current"]
     lines += ["", "## Diagnosis", "", advice["diagnosis"] + ".", ""]

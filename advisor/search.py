@@ -11,6 +11,11 @@ capacities bit for bit (``bench/advise_speed.py`` checks):
   fail: the samples known to exceed a target only grow, so once they pass what the target allows
   of the run's final sample count no later iteration can save it (:class:`TargetWatch`). Load
   scale 1 is each candidate's full, recorded run at today's rate, which the report reads too.
+
+With a fleet (``fleet.replicas`` > 1) every probe serves the trace on that many servers of the
+candidate's settings behind ``fleet.router`` (:meth:`~envs.serving.setup.ServingSetup.fleet`), so a
+capacity is the whole fleet's; the proofs read every server (the SLO counts summed, each server's
+finished, rejected and waiting requests watched), checked as the fleet runs.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dataclasses import dataclass, field
 from advisor.engines import Candidate
 from advisor.targets import REQUEST_METRICS, Target, above, holds, samples
 from advisor.traffic import Traffic
+from baselines.routers import make_router
 from chunkgym import backends
 from envs.serving.capacity import Probe, sequential_search, speculative_search
 from envs.serving.core import ServingCore
+from envs.serving.fleet import ONE_SERVER, Fleet, FleetSpec
 from envs.serving.loop import CountStop, SimResult
 from envs.serving.metrics import CapacityResult, RequestOutcomes
 from envs.serving.request import Request
@@ -51,45 +58,57 @@ class Criterion:
         n = len(out.good)
         return n > 0 and int(out.good.sum()) / n >= self.attainment
 
-    def preset_stop(self, core: ServingCore) -> CountStop:
-        """The preset's proof from the core's known-good and known-bad counts, as attain90's."""
-        n = len(core.requests)
+    def preset_counts(self, n: int) -> tuple[int, int]:
+        """The preset's proof over ``n`` requests, as attain90's: the known-good count that passes
+        and the known-bad count that fails."""
         if not n:  # no requests: a fail (holds() says so too), known before the run starts
-            return CountStop(core, 1, 0)
+            return 1, 0
         good = next(g for g in range(n + 1) if g / n >= self.attainment)
         bad = next((b for b in range(n + 1) if (n - b) / n < self.attainment), n + 1)
-        return CountStop(core, good, bad)
+        return good, bad
 
 
 class TargetWatch:
     """Samples already known to exceed each target, counted as the run goes; :meth:`failed` once
     any count passes what its target allows of the most samples the run can end with.
 
+    ``requests``: every request of the run; ``cores``: the servers serving them (one, or a fleet's).
     A finished request's samples are computed as the run's outcomes compute them
     (:meth:`RequestOutcomes.from_token_times`, so the counts are those of the final check); a
-    request still waiting for its first token past a TTFT target is counted once, when seen.
+    request still waiting for its first token past a TTFT target on its server's clock is counted
+    once, when seen.
     """
 
-    def __init__(self, core: ServingCore, targets: tuple[Target, ...]) -> None:
-        self.core = core
+    def __init__(
+        self, requests: Sequence[Request], cores: Sequence[ServingCore], targets: tuple[Target, ...]
+    ) -> None:
+        self.cores = tuple(cores)
         self.targets = targets
-        self.requests = len(core.requests)
-        self.gaps_at_most = sum(max(r.output_len - 1, 0) for r in core.requests)
+        self.requests = len(requests)
+        self.gaps_at_most = sum(max(r.output_len - 1, 0) for r in requests)
         self.above = [0] * len(targets)
         self.late: list[set[int]] = [set() for _ in targets]  # rids past a TTFT target while waiting
-        self.finished_seen = 0
-        self.rejected_seen = 0
+        self.finished_seen = [0] * len(self.cores)
+        self.rejected_seen = [0] * len(self.cores)
 
     def failed(self) -> bool:
-        core = self.core
-        for req in core.rejected[self.rejected_seen :]:
+        for k, core in enumerate(self.cores):
+            self._watch(k, core)
+        return any(
+            n > t.allowed_above(self.gaps_at_most if t.metric == "itl" else self.requests)
+            for n, t in zip(self.above, self.targets, strict=True)
+        )
+
+    def _watch(self, k: int, core: ServingCore) -> None:
+        """Count what server ``k`` decided since it was last watched."""
+        for req in core.rejected[self.rejected_seen[k] :]:
             self.gaps_at_most -= max(req.output_len - 1, 0)
             for i, t in enumerate(self.targets):
                 self.above[i] += t.metric in REQUEST_METRICS
-        self.rejected_seen = len(core.rejected)
-        if len(core.finished) > self.finished_seen:
-            self._count_finished(core.finished[self.finished_seen :])
-            self.finished_seen = len(core.finished)
+        self.rejected_seen[k] = len(core.rejected)
+        if len(core.finished) > self.finished_seen[k]:
+            self._count_finished(core, core.finished[self.finished_seen[k] :])
+            self.finished_seen[k] = len(core.finished)
         now = core.now
         for i, t in enumerate(self.targets):
             if t.metric == "ttft":
@@ -98,13 +117,9 @@ class TargetWatch:
                     if not req.generated and (now - req.arrival) * 1000.0 > t.ms and req.rid not in late:
                         late.add(req.rid)
                         self.above[i] += 1
-        return any(
-            n > t.allowed_above(self.gaps_at_most if t.metric == "itl" else self.requests)
-            for n, t in zip(self.above, self.targets, strict=True)
-        )
 
-    def _count_finished(self, reqs: Sequence[Request]) -> None:
-        times = self.core.token_times
+    def _count_finished(self, core: ServingCore, reqs: Sequence[Request]) -> None:
+        times = core.token_times
         out = RequestOutcomes.from_token_times(
             arrival=[r.arrival for r in reqs],
             prompt_len=[r.prompt_len for r in reqs],
@@ -112,7 +127,7 @@ class TargetWatch:
             token_times=[times[r.rid] for r in reqs],
             first_scheduled=[r.first_scheduled for r in reqs],
             ttft_bound=[r.ttft_bound for r in reqs],
-            slo=self.core.slo,
+            slo=core.slo,
         )
         for i, t in enumerate(self.targets):
             values = samples(out, t.metric)
@@ -121,18 +136,45 @@ class TargetWatch:
             self.above[i] += above(values, t)
 
 
+class FleetFail:
+    """A ``stop`` for :meth:`Fleet.run_until`: true once ``watch`` proves a target broken, asked
+    when the fleet's clock has moved ``step`` seconds since the last check (the fleet asks before
+    each arrival and between a server's iterations; a server stopped while a router reads it
+    stands there, and the fleet stops at the next ask)."""
+
+    def __init__(self, fleet: Fleet, watch: TargetWatch, step: float) -> None:
+        self.fleet = fleet
+        self.watch = watch
+        self.step = step
+        self.next_check = step
+        self.proven = False  # once true, stays: every later ask (the fleet asks again) says so
+
+    def __call__(self) -> bool:
+        now = self.fleet.now
+        if self.proven or now < self.next_check:
+            return self.proven
+        self.next_check = now + self.step
+        self.proven = self.watch.failed()
+        return self.proven
+
+
 @dataclass(frozen=True)
 class TargetProbe:
-    """One load point of one candidate's search: small and picklable, so a pool worker runs it."""
+    """One load point of one candidate's search: small and picklable, so a pool worker runs it.
+    ``fleet``: the servers it runs on (one: the candidate's single server, as without fleets)."""
 
     setup: ServingSetup
     candidate: Candidate
     criterion: Criterion
     fast: bool
+    fleet: FleetSpec = ONE_SERVER
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
-        probe = self._decide(scale, trace) if self.fast else self._full(scale, trace)
+        if self.fleet.servers > 1:
+            probe = self._decide_fleet(trace) if self.fast else self._full_fleet(trace)
+        else:
+            probe = self._decide(scale, trace) if self.fast else self._full(scale, trace)
         return Probe(scale, probe[0], probe[1], probe[2], len(trace), seconds=time.process_time() - start)
 
     def _full(self, scale: float, trace: Trace) -> tuple[bool, bool, int]:
@@ -148,11 +190,11 @@ class TargetProbe:
         policy = self.candidate.build_policy()
         policy.reset(sim.view)
         if not self.criterion.targets:
-            proof = self.criterion.preset_stop(core)
+            proof = CountStop(core, *self.criterion.preset_counts(len(core.requests)))
             if sim.run_until(policy, stop=proof):
                 return core.n_good >= proof.good, True, core.n_good + core.n_bad
             return self.criterion.holds(sim.outcomes()), False, len(trace)
-        watch = TargetWatch(core, self.criterion.targets)
+        watch = TargetWatch(core.requests, (core,), self.criterion.targets)
         step = max(trace.span_s, 1e-9) / CHECKS_PER_RUN
         until = step
         while sim.run_until(policy, until_s=until):
@@ -160,6 +202,35 @@ class TargetProbe:
                 return False, True, len(core.finished) + len(core.rejected)
             until = core.now + step
         return self.criterion.holds(sim.outcomes()), False, len(trace)
+
+    def _fleet(self, trace: Trace) -> Fleet:
+        return self.setup.fleet(
+            trace, self.fleet.replicas, self.candidate.build_policy, make_router(self.fleet.router)
+        )
+
+    def _full_fleet(self, trace: Trace) -> tuple[bool, bool, int]:
+        fleet = self._fleet(trace)
+        fleet.set_shortcuts(NO_SHORTCUTS)
+        return self.criterion.holds(fleet.run().outcomes), False, len(trace)
+
+    def _decide_fleet(self, trace: Trace) -> tuple[bool, bool, int]:
+        """:meth:`_decide` on the fleet: the preset's proof on the fleet's summed counts; the
+        targets' (:class:`FleetFail`) as the fleet runs, which it never moves itself: when a router
+        reads a server, where that server stands decides the routing, so the fleet runs exactly as
+        the reference's."""
+        fleet = self._fleet(trace)
+        fleet.set_shortcuts(PROBE_SHORTCUTS)
+        if not self.criterion.targets:
+            good, bad = self.criterion.preset_counts(len(trace))
+            if fleet.run_until(fleet.count_stop(good, bad)):
+                return fleet.n_good >= good, True, fleet.n_good + fleet.n_bad
+            return self.criterion.holds(fleet.result().outcomes), False, len(trace)
+        cores = [s.core for s in fleet.servers]
+        watch = TargetWatch(fleet.requests, cores, self.criterion.targets)
+        proven = FleetFail(fleet, watch, max(trace.span_s, 1e-9) / CHECKS_PER_RUN)
+        if fleet.run_until(proven):
+            return False, True, sum(len(c.finished) + len(c.rejected) for c in cores)
+        return self.criterion.holds(fleet.result().outcomes), False, len(trace)
 
 
 @dataclass(frozen=True)
@@ -184,9 +255,15 @@ class Found:
     probes: tuple[Probe, ...] = field(default=())
 
 
-def at_rate(setup: ServingSetup, candidate: Candidate, traffic: Traffic) -> SimResult:
-    """``candidate`` serving today's traffic (load scale 1), every iteration recorded."""
-    return setup.simulator(traffic.trace_at(1.0)).run(candidate.build_policy())
+def at_rate(
+    setup: ServingSetup, candidate: Candidate, traffic: Traffic, fleet: FleetSpec = ONE_SERVER
+) -> SimResult:
+    """``candidate`` serving today's traffic (load scale 1), every iteration recorded; on a fleet of
+    more than one server, every server's iterations merged in time order."""
+    trace = traffic.trace_at(1.0)
+    if fleet.servers > 1:
+        return setup.fleet(trace, fleet.replicas, candidate.build_policy, make_router(fleet.router)).run()
+    return setup.simulator(trace).run(candidate.build_policy())
 
 
 def search(
@@ -199,14 +276,16 @@ def search(
     n_jobs: int = 1,
     executor: Executor | None = None,
     at_scale_one: Sequence[bool] | None = None,
+    fleet: FleetSpec = ONE_SERVER,
 ) -> list[Found]:
-    """Each candidate's capacity, in order; ``setups[i]`` serves ``candidates[i]``.
+    """Each candidate's capacity, in order; ``setups[i]`` serves ``candidates[i]`` (on each of
+    ``fleet``'s servers: the capacity is then the fleet's).
 
     ``at_scale_one``: each candidate's verdict at load scale 1 from its recorded run (the fast
     search starts from it; the reference probes scale 1 again, which must agree).
     """
     queries = [AdviceQuery(traffic, rel_tol) for _ in candidates]
-    runs = [TargetProbe(s, c, criterion, fast) for s, c in zip(setups, candidates, strict=True)]
+    runs = [TargetProbe(s, c, criterion, fast, fleet) for s, c in zip(setups, candidates, strict=True)]
     if not fast:
         found = [sequential_search(q, run) for q, run in zip(queries, runs, strict=True)]
     else:

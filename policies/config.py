@@ -18,21 +18,25 @@ from typing import Any, cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from baselines.routers import router_names
 from chunkgym.config import (
     AT_LEAST_ONE,
     LOAD_SCALE,
     SEED,
     TP,
     WINDOW_S,
+    ConfigError,
     Rule,
     each,
     prefixed,
     schema,
     to_object,
 )
+from chunkgym.registration import ENV_ID_V5
 from chunkgym.tracking import LoggerConfig
 from envs.actions import NUM_LEVELS
 from envs.serving.core import ServingConfig
+from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.metrics import SLOSpec, slo_names
 from envs.serving.scheduling import Rule as AllocationRule
 from envs.serving.setup import SERVING_RULES, SLO_RULES
@@ -189,6 +193,9 @@ class TrainConfig:
     algo: AlgoConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # The servers of an episode (docs/fleet.md): one for the budget envs (v0-v4); the routing env
+    # (v5) routes among fleet.replicas servers (its agent is the router: fleet.router is unused).
+    fleet: FleetSpec = field(default_factory=FleetSpec)
     logger: LoggerConfig = MISSING
     seed: int = 0
     data_root: str | None = None  # None = chunkgym.data_root() ($CHUNKGYM_DATA, else the user cache)
@@ -263,6 +270,48 @@ RULES: dict[str, Rule] = {
 """Ranges checked before train.py creates its run folder (types are Hydra's)."""
 
 
+def simulated_fleet(fleet: FleetSpec) -> FleetSpec:
+    """The fleet checked for a tool that simulates it: a router preset by name, colocated servers
+    only, and one server as :data:`~envs.serving.fleet.ONE_SERVER` (the router is ignored there, so
+    one-server runs are those made before fleets)."""
+    if fleet.router not in router_names():
+        raise ConfigError(f"fleet.router={fleet.router!r} is not a router; choose one of {router_names()}")
+    if fleet.disaggregated:
+        raise ConfigError(
+            f"fleet.prefill={fleet.prefill} fleet.decode={fleet.decode}: prefill-decode disaggregation "
+            "is not simulated by this version; use fleet.replicas"
+        )
+    return fleet if fleet.servers > 1 else ONE_SERVER
+
+
+def check_fleet(cfg: TrainConfig) -> None:
+    """The fleet the run's env takes: the routing env (v5) routes among >= 2 servers; a budget env
+    (v0-v4) schedules one server, so a fleet there is refused before any work."""
+    fleet = simulated_fleet(cfg.fleet)
+    if cfg.env.id == ENV_ID_V5:
+        if fleet.servers < 2:
+            raise ConfigError(
+                f"fleet.replicas={cfg.fleet.replicas}: the routing env ({ENV_ID_V5}) needs >= 2"
+            )
+    elif fleet.servers > 1:
+        raise ConfigError(
+            f"fleet.replicas={cfg.fleet.replicas}: env.id={cfg.env.id} simulates one server; "
+            f"fleets train on {ENV_ID_V5} (+experiment=learned_router)"
+        )
+
+
+def run_config(dcfg: DictConfig, cfg: TrainConfig) -> dict[str, Any]:
+    """The config a run records (config.yaml, its hash): :func:`plain`, a one-server fleet left out,
+    so that runs and run folders made before fleets keep their hash and resume."""
+    config = plain(dcfg)
+    if cfg.fleet.servers == 1:
+        config.pop("fleet", None)
+    return config
+
+
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``), check :data:`RULES`."""
-    return to_object(cfg, TrainConfig, "", RULES)
+    """Instantiate the dataclasses (runs their validation, e.g. ``WorkloadSpec.__post_init__``),
+    check :data:`RULES` and the fleet (:func:`check_fleet`)."""
+    conf = to_object(cfg, TrainConfig, "", RULES)
+    check_fleet(conf)
+    return conf

@@ -15,8 +15,8 @@
    training workload (``eval.seeds`` at ``eval.load_scale``, or the workload's ``env.workload_loads``
    midpoint); the router is exported (safetensors + JSON) to ``RUN_DIR/export``.
 
-No PPO: ``algo.total_timesteps`` must be 0.  Each server schedules with :data:`SERVER_POLICY`
-behind :data:`REPLICAS` servers (the schema has no fleet section yet).
+No PPO: ``algo.total_timesteps`` must be 0.  The fleet has ``fleet.replicas`` servers, each
+scheduling with :data:`SERVER_POLICY`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from policies.registry import make_policy
 from policies.router_export import LearnedRouter, scorer_inputs, write_router
 
 log = logging.getLogger("train")
-REPLICAS = 8
 SERVER_POLICY = "sarathi_512"
 CANDIDATES = ("least_outstanding_tokens", *(name for name in ROUTERS if name != "least_outstanding_tokens"))
 """Teacher candidates, the first preferred on ties: a router whose choices the observation shows
@@ -72,7 +71,7 @@ def make_env(cfg: TrainConfig, split: str = "train") -> FleetRoutingEnv:
     return FleetRoutingEnv(
         make_policy,
         SERVER_POLICY,
-        REPLICAS,
+        cfg.fleet.replicas,
         [main, *others],
         split,
         cfg.model,
@@ -176,7 +175,7 @@ def evaluate(
         traces = [workload.window("val", seed, scale, cfg.eval.window_s) for seed in cfg.eval.seeds]
         for label, router in routers.items():
             runs = [
-                setup.fleet(t, REPLICAS, lambda: make_policy(SERVER_POLICY), router).run().metrics
+                setup.fleet(t, cfg.fleet.replicas, lambda: make_policy(SERVER_POLICY), router).run().metrics
                 for t in traces
             ]
             out[f"{name}/{label}"] = {
@@ -209,7 +208,7 @@ def train(cfg: TrainConfig, config: dict[str, Any], run_dir: Path) -> dict[str, 
     export_dir = run_dir / "export"
     provenance = {
         "env_id": cfg.env.id,
-        "replicas": REPLICAS,
+        "replicas": cfg.fleet.replicas,
         "server_policy": SERVER_POLICY,
         "workloads": workload_names(cfg),
         "teachers": labels.teachers,
