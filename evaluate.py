@@ -44,7 +44,7 @@ from chunkgym.tracking import LoggerConfig, upload
 from envs.serving.capacity import CRITERIA
 from envs.serving.core import ServingConfig
 from envs.serving.fleet import FleetSpec
-from envs.serving.metrics import SLOSpec
+from envs.serving.metrics import MIN_REL_TOL, SLOSpec
 from envs.serving.setup import SERVING_RULES, SLO_RULES
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.tenancy import trace_tenants
@@ -135,7 +135,7 @@ RULES: dict[str, Rule] = {
     **prefixed("slo", SLO_RULES),
     **prefixed("serving", SERVING_RULES),
     "tp": TP,
-    "capacity_rel_tol": Rule(lambda v: 0 < v < 1, "a relative tolerance in (0, 1)"),
+    "capacity_rel_tol": Rule(lambda v: MIN_REL_TOL <= v < 1, f"a relative tolerance in [{MIN_REL_TOL:g}, 1)"),
     "backend": Rule(lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
 }
 """Ranges checked before anything runs (types are Hydra's; lists by :func:`check_values`, names by :func:`grid_of`)."""

@@ -43,7 +43,14 @@ from typing import Protocol
 from chunkgym import backends
 from envs.serving.early import Attain90Stop
 from envs.serving.fleet import ONE_SERVER, FleetSpec
-from envs.serving.metrics import CapacityResult, attain90, capacity_search, capacity_steps, tbt_criterion
+from envs.serving.metrics import (
+    MIN_REL_TOL,
+    CapacityResult,
+    attain90,
+    capacity_search,
+    capacity_steps,
+    tbt_criterion,
+)
 from envs.serving.routing import Router
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
@@ -53,9 +60,6 @@ from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 
 CRITERIA = ("attain90", "tbt")
-MIN_REL_TOL = 1e-6
-"""The narrowest relative bracket a search may ask for: about 20 bisections from a factor-2 bracket;
-below machine precision the bisection would never end."""
 MAX_PROBES = 64
 """Probes one search may make: doubling or halving between 1/64 and 1024 takes at most 17 and
 bisecting to :data:`MIN_REL_TOL` about 20; more means the search is not converging."""

@@ -371,6 +371,10 @@ def capacity_search(
         return result
 
 
+MIN_REL_TOL = 1e-6
+"""The finest relative bracket a capacity search may ask for (about 20 bisections from a doubling)."""
+
+
 def capacity_steps(
     start: float = 1.0, rel_tol: float = 0.01, min_scale: float = 1 / 64, max_scale: float = 1024.0
 ) -> Generator[float, bool, CapacityResult]:
@@ -379,8 +383,8 @@ def capacity_steps(
     The one definition of the probe sequence, so a driver that evaluates probes ahead of
     time (:mod:`envs.serving.capacity`) follows exactly the sequential search.
     """
-    if not 0 < rel_tol < 1:
-        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
+    if not MIN_REL_TOL <= rel_tol < 1:  # below the floor, bisection may never narrow the bracket enough
+        raise ValueError(f"rel_tol must be in [{MIN_REL_TOL:g}, 1), got {rel_tol!r}")
     seen: list[tuple[float, bool]] = []
 
     def check(scale: float) -> Generator[float, bool, bool]:
