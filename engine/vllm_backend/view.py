@@ -197,6 +197,10 @@ class VllmView:
             req.last_token_s = t
 
     # ---- the rest of the ServingView protocol ---------------------------------------------
+    def tokens_generated(self, req: Request) -> int:
+        """Output tokens ``req`` has emitted so far (counted by :meth:`observe` every step)."""
+        return req.generated
+
     def min_tpot_slack(self) -> float:
         """Least ``B * (tokens - 1) - (last - first token time)`` of streams still able to meet
         their SLO and past their first decode step; inf if none."""

@@ -27,9 +27,10 @@ from envs.serving.decode_group import DecodeGroup
 from envs.serving.kv_cache import BlockManager
 from envs.serving.metrics import SLO
 from envs.serving.request import Request, Status
-from envs.serving.scheduling import Plan, blocks_needed, may_prefill
+from envs.serving.scheduling import Plan, Preemption, blocks_needed, may_prefill
 from envs.serving.shortcuts import Shortcuts
 from envs.serving.slo_book import SloBook
+from envs.serving.slo_classes import ClassBounds, resolve_classes
 from envs.serving.specs import HardwareSpec, ModelSpec, kv_capacity_tokens
 from envs.serving.traffic import TrafficStats
 from envs.serving.workloads.trace import Trace
@@ -80,6 +81,11 @@ class ServingCore:
         self.kv = kv
         self.cost_model = cost_model
         self.slo = slo
+        # The SLO classes its requests may name (resolved on its cost model); a request without one
+        # is judged by ``slo``.  ``stall_floor``: the least stall bound of any of them, where the fast
+        # paths stop and a decode step looks at each member's own bound.
+        self.classes: dict[str, ClassBounds] = {}
+        self.stall_floor = slo.stall_s
         self.config = config
         self.max_model_len = max_model_len
         self.now = 0.0
@@ -97,6 +103,7 @@ class ServingCore:
         self.book = SloBook(slo, self.decode)  # the SLO verdicts known so far
         self.n_running_prefill = 0  # queued requests holding a batch slot
         self.preemptions = 0
+        self.preemption = Preemption.LATEST_STARTED  # the victim rule: the policy's, set by the loop
         self._preempt_seq = 0
         self._start_seq = 0
         self.last_latency = 0.0
@@ -129,9 +136,18 @@ class ServingCore:
         )
         kv = BlockManager(num_blocks, config.block_size, trace.hash_block_tokens)
         core = cls(kv, cost_model, slo, config, config.max_model_len or model.max_context)
+        if trace.slo_class is not None:
+            core.set_classes(resolve_classes(trace.slo_class, cost_model))
         for req in requests_of(trace) if submit else ():
             core.submit(req)
         return core
+
+    def set_classes(self, classes: dict[str, ClassBounds]) -> None:
+        """The SLO classes requests may name, before any is submitted."""
+        if self.requests:
+            raise ValueError("SLO classes are set before requests are submitted")
+        self.classes = classes
+        self.stall_floor = min([self.slo.stall_s, *(c.slo.stall_s for c in classes.values())])
 
     @property
     def shortcuts(self) -> Shortcuts:
@@ -229,6 +245,12 @@ class ServingCore:
     def max_num_seqs(self) -> int:
         return self.config.max_num_seqs
 
+    def tokens_generated(self, req: Request) -> int:
+        """Output tokens ``req`` has emitted so far: a decoding member's run with the decode clock."""
+        if req.status is Status.DECODING:
+            return req.generated + self.decode.clock - req.decode_join
+        return req.generated
+
     def min_tpot_slack(self) -> float:
         return self.decode.min_tpot_slack()
 
@@ -292,7 +314,12 @@ class ServingCore:
         reason = self.refusal(req)
         if reason:
             return self._reject(req, reason)
-        req.ttft_bound = self.slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
+        slo = self.slo
+        if req.slo_class:
+            cls = self.classes[req.slo_class]
+            slo, req.weight, req.priority = cls.slo, cls.weight, cls.priority
+        req.ttft_bound = slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
+        req.tpot_bound, req.stall_bound = slo.tpot_s, slo.stall_s
         req.deadline = req.arrival + req.ttft_bound
         self.book.watch(req)
         self._match_prefix(req)
@@ -535,14 +562,14 @@ class ServingCore:
     def _decode_step(self, t_end: float) -> None:
         """One decode iteration ended at ``t_end``: stall checks, clock, finishes."""
         dec = self.decode
-        stall = self.slo.stall_s
         joiners = dec.joiners
-        if t_end - dec.last_time > stall:  # every member but the joiners last emitted at last_time
+        gap = t_end - dec.last_time
+        if gap > self.stall_floor:  # every member but the joiners last emitted at last_time
             for req in dec.members.values():
-                if not req.violated and req not in joiners:
+                if not req.violated and gap > req.stall_bound and req not in joiners:
                     self.book.violate(req)
         for req in joiners:  # a joiner last emitted when its prefill finished
-            if not req.violated and t_end - cast(float, req.emissions[-1]) > stall:
+            if not req.violated and t_end - cast(float, req.emissions[-1]) > req.stall_bound:
                 self.book.violate(req)
         dec.record(t_end)
         for req in dec.pop_finished():
@@ -598,11 +625,16 @@ class ServingCore:
 
     # ---- preemption ----------------------------------------------------------------------
     def _preempt_one(self) -> None:
-        """Preempt, for recompute, the running request that started last (vLLM's choice)."""
+        """Preempt, for recompute, the running request :attr:`preemption` names: by default the one
+        that started last (vLLM's choice), under the priority policy the lowest priority, latest
+        arrival (vLLM's ``max(running, key=(priority, arrival_time))``)."""
         running = [*self.decode.members.values(), *(r for r in self.queue if r.running)]
         if not running:
             raise RuntimeError("the decodes need KV blocks but no running request is left to preempt")
-        victim = max(running, key=_start_order)
+        if self.preemption is Preemption.LOWEST_PRIORITY:
+            victim = max(running, key=_priority_order)
+        else:
+            victim = max(running, key=_start_order)
         if victim.status is Status.DECODING:
             kv_tokens = self.decode.leave(victim)
         else:
@@ -627,11 +659,20 @@ def requests_of(trace: Trace) -> list[Request]:
     the time of numpy's), hash ids as lists, read one by one as prompts are matched and published."""
     hashes = None if trace.hash_ids is None else [ids.tolist() for ids in trace.hash_ids]
     columns = (np.asarray(c).tolist() for c in (trace.arrival_s, trace.prompt_len, trace.output_len))
-    return [
+    reqs = [
         Request(i, float(a), int(p), int(o), None if hashes is None else hashes[i])
         for i, (a, p, o) in enumerate(zip(*columns, strict=True))
     ]
+    for labels, slot in ((trace.tenant, "tenant"), (trace.slo_class, "slo_class")):
+        if labels is not None:
+            for req, label in zip(reqs, labels, strict=True):
+                setattr(req, slot, label)
+    return reqs
 
 
 def _start_order(req: Request) -> int:
     return req.start_order
+
+
+def _priority_order(req: Request) -> tuple[int, float, int]:
+    return (req.priority, req.arrival, req.rid)

@@ -366,6 +366,7 @@ class ServingLoop:
         """Serve the trace with ``policy`` (reset first) and summarise the run: to the end, or
         until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
         wall = time.perf_counter()
+        self.core.preemption = policy.preemption
         policy.reset(self.view)
         stopped = self.run_until(policy, stop=stop)
         result = self.result(time.perf_counter() - wall)
@@ -403,6 +404,8 @@ def request_outcomes(reqs: Sequence[Request], times: dict[int, np.ndarray], slo:
         reject_reason=[r.reject_reason for r in reqs],
         prefix_hit=[r.prefix_hit for r in reqs],
         preemptions=[r.preemptions for r in reqs],
+        tpot_bound=[r.tpot_bound for r in reqs],
+        stall_bound=[r.stall_bound for r in reqs],
     )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from chunkgym.config import from_mapping
 from envs.serving.cost_model import CostModel
+from envs.serving.request import Request
 from envs.serving.specs import CONF_DIR
 
 BUCKET_EDGES = (0, 1024, 4096, 16384, 65536)
@@ -99,8 +100,9 @@ def stall_of(times: np.ndarray) -> float:
     return float((times[1:] - times[:-1]).max()) if len(times) > 1 else 0.0  # np.diff, minus its overhead
 
 
-def meets_slo(ttft: float, tpot: float, stall: float, ttft_bound: float, slo: SLO) -> bool:
-    return ttft <= ttft_bound and tpot <= slo.tpot_s and stall <= slo.stall_s
+def meets_slo(ttft: float, tpot: float, stall: float, req: Request) -> bool:
+    """Whether a finished request met its own SLO's bounds (its class's, or the run's)."""
+    return ttft <= req.ttft_bound and tpot <= req.tpot_bound and stall <= req.stall_bound
 
 
 @dataclass
@@ -117,7 +119,7 @@ class RequestOutcomes:
     stall: np.ndarray
     sched_delay: np.ndarray
     ttft_bound: np.ndarray
-    good: np.ndarray  # bool
+    good: np.ndarray  # bool: met its own SLO's bounds (its class's, or the run's)
     gaps: list[np.ndarray] = field(repr=False)  # every request's token gaps (empty if none)
     prefix_hit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     preemptions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -136,8 +138,11 @@ class RequestOutcomes:
         reject_reason: Sequence[str] | None = None,
         prefix_hit: Sequence[int] | None = None,
         preemptions: Sequence[int] | None = None,
+        tpot_bound: Sequence[float] | None = None,
+        stall_bound: Sequence[float] | None = None,
     ) -> RequestOutcomes:
         """Apply the definitions above; ``token_times[i] is None`` for a rejected request.
+        ``tpot_bound`` and ``stall_bound``: each request's own (its SLO class's), else ``slo``'s.
 
         Vectorised over all requests; the arithmetic is the per-request functions' own
         (``ttft_of``, ``tpot_of``, ``stall_of``), so both give bit-identical numbers.
@@ -162,7 +167,11 @@ class RequestOutcomes:
         delay[fin] = np.asarray(first_scheduled, dtype=np.float64)[fin] - arrival_a[fin]
         bounds = np.asarray(ttft_bound, dtype=np.float64)
         with np.errstate(invalid="ignore"):
-            good = finished & (ttft <= bounds) & (tpot <= slo.tpot_s) & (stall <= slo.stall_s)
+            tpot_ok = tpot <= (slo.tpot_s if tpot_bound is None else np.asarray(tpot_bound, dtype=np.float64))
+            stall_ok = stall <= (
+                slo.stall_s if stall_bound is None else np.asarray(stall_bound, dtype=np.float64)
+            )
+            good = finished & (ttft <= bounds) & tpot_ok & stall_ok
         return cls(
             arrival=arrival_a,
             prompt_len=np.asarray(prompt_len, dtype=np.int64),

@@ -42,7 +42,13 @@ class Request:
         "prefix_hit",
         "prefix_units",
         "start_order",
+        "tenant",
+        "slo_class",
+        "priority",
+        "weight",
         "ttft_bound",
+        "tpot_bound",
+        "stall_bound",
         "deadline",
         "violated",
         "credited",
@@ -63,6 +69,8 @@ class Request:
         prompt_len: int,
         output_len: int,
         hash_ids: list[int] | None = None,
+        tenant: str = "default",
+        slo_class: str = "",
     ) -> None:
         self.rid = rid
         self.arrival = arrival
@@ -77,7 +85,16 @@ class Request:
         self.prefix_hit = 0  # prompt tokens served from the prefix cache at first admission
         self.prefix_units: list[int] = []  # hash ids of the shared cache units this request holds
         self.start_order = -1  # when it last got a batch slot: preemption takes the latest first
+        self.tenant = tenant  # who sent it (a trace's label; docs/tenants.md)
+        self.slo_class = slo_class  # the conf/slo_class it is judged by; "": the run's SLO
+        # Set at admission from its class (the run's SLO: 0 and 1): vLLM's request priority (lower
+        # is served first) and the class weight (the fairness baselines' and weighted goodput's).
+        self.priority = 0
+        self.weight = 1.0
+        # Its SLO's bounds (s), set at admission: its class's, or the run's.
         self.ttft_bound = 0.0
+        self.tpot_bound = 0.0
+        self.stall_bound = 0.0
         self.deadline = 0.0  # arrival + ttft_bound
         self.violated = False  # SLO already known to be missed
         self.credited = False  # its first token met the TTFT bound (and it was not yet known to miss)

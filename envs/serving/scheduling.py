@@ -181,6 +181,11 @@ class ServingView(Protocol):
         """What the server has seen of its workload: arrival rate, prefix hits, prompt and output lengths."""
         ...
 
+    def tokens_generated(self, req: Request) -> int:
+        """Output tokens ``req`` has emitted so far, a decoding request's included (what a
+        scheduler that charges service per token, VTC, counts)."""
+        ...
+
     def min_tpot_slack(self) -> float:
         """Least TPOT slack (s) among streams still able to meet their SLO; inf if none."""
         ...
@@ -198,10 +203,19 @@ class ServingView(Protocol):
         ...
 
 
+class Preemption(Enum):
+    """Which running request the core preempts (for recompute) when the decodes need KV blocks
+    that are not free: a property of the engine's scheduling policy, which a policy declares."""
+
+    LATEST_STARTED = "latest_started"  # vLLM's default (fcfs): the last request of its running list
+    LOWEST_PRIORITY = "lowest_priority"  # vLLM's --scheduling-policy priority: max (priority, arrival)
+
+
 class Policy(ABC):
     """A scheduler: turns a view into a plan, once per iteration."""
 
     name: str = "policy"
+    preemption: Preemption = Preemption.LATEST_STARTED  # the core reads it when the run starts
 
     def reset(self, view: ServingView) -> None:  # noqa: B027 - optional hook
         """Called before a run, for policies that read the SLO or the limits once."""
@@ -266,6 +280,7 @@ def plan_budget(
     chunk_cap: int = 0,
     whole_chunks: bool = False,
     free_slots: int | None = None,
+    order: Sequence[Request] | None = None,
 ) -> Plan:
     """The shared planner: all decodes, then prefill chunks by ``rule`` within ``budget`` tokens.
 
@@ -279,7 +294,8 @@ def plan_budget(
     chunk (its remaining prompt, or ``chunk_cap`` if smaller) whole or not at all; one whose chunk
     exceeds the tokens left cannot start, as one without KV room (``enable_chunked_prefill``
     off).  ``free_slots``: the batch slots new prompts may take, in place of the view's (an
-    admission cap below ``max_num_seqs``: ``max_num_active_seqs``).
+    admission cap below ``max_num_seqs``: ``max_num_active_seqs``).  ``order``: the lookahead in
+    the order to serve it, a policy's own (the fairness baselines'), in place of ``rule``'s.
     """
     n_dec = view.num_decode if with_decodes else 0
     left = budget - n_dec
@@ -291,7 +307,7 @@ def plan_budget(
     slots = view.free_slots if free_slots is None else free_slots
     stop = admission is Admission.STOP
     admitting = True
-    for req in rule_order(view, rule):
+    for req in rule_order(view, rule) if order is None else order:
         running = req.running
         if not (running or admitting):
             continue
@@ -332,6 +348,7 @@ def plan_budget(
             chunk_cap=chunk_cap,
             whole_chunks=whole_chunks,
             free_slots=free_slots,
+            order=order,
         )
     return plan
 

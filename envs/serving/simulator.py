@@ -167,7 +167,7 @@ class CostModelClock:
             # (at least the first, which the loop checks against it).
             limit = min(limit, max(1, int((horizon - now) / (prices[0] * scale)) + 2))
         prices += cost(n, context + n, tokens, c + tokens, limit - 1)
-        bs, phase, stall = dec.bs, dec.phase, core.slo.stall_s if n else math.inf
+        bs, phase, stall = dec.bs, dec.phase, core.stall_floor if n else math.inf
         last, slack, tpot, spare = dec.last_time, dec.slack_base, dec.tpot_s, core.kv.free
         records = log.records
         held = -(-c // bs)  # the head's blocks
@@ -217,7 +217,7 @@ class CostModelClock:
         """Up to ``limit`` iterations of the stretch, one by one (see :data:`Stretch`)."""
         dec = core.decode
         n, bs, phase, clock = dec.n, dec.bs, dec.phase, dec.clock
-        free, stall, used = core.kv.free, core.slo.stall_s, core.kv.used
+        free, stall, used = core.kv.free, core.stall_floor, core.kv.used
         cost, scale = self.cost.iteration_time, self.time_scale
         now, last, allocated = core.now, dec.last_time, 0
         ends: list[float] = []
@@ -261,7 +261,7 @@ class CostModelClock:
         if kv_log or free < dec.n * -(-limit // dec.bs):  # a member needs a block every bs iterations
             allocated = dec.block_needs(clock, limit).cumsum()
             k = min(k, int(allocated.searchsorted(free, "right")))
-        stalls = (gaps[:k] > core.slo.stall_s).nonzero()[0]
+        stalls = (gaps[:k] > core.stall_floor).nonzero()[0]
         if len(stalls):
             k = int(stalls[0])
         if allocated is None:
@@ -314,7 +314,16 @@ class Simulator(ServingLoop):
         copy serves only those that have arrived (a causal rollout).
         """
         core = self.core
-        shared = [self.trace, self.cost, self.slo, self.config, core.cost_model, core.slo, core.config]
+        shared = [
+            self.trace,
+            self.cost,
+            self.slo,
+            self.config,
+            core.cost_model,
+            core.slo,
+            core.config,
+            core.classes,
+        ]
         shared += [r.hash_ids for r in core.requests if r.hash_ids is not None]
         shared += core.token_times.values()
         shared += core.finished

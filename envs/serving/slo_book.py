@@ -79,7 +79,7 @@ class SloBook:
         """The verdict on a finished request from its token times."""
         if req.violated:
             return
-        if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req.ttft_bound, self.slo):
+        if meets_slo(times[0] - req.arrival, tpot_of(times), stall_of(times), req):
             self.n_good += 1
         else:
             self.violate(req)
@@ -97,8 +97,11 @@ class SloBook:
         n = req.generated
         first = cast(float, req.emissions[0])
         tpot = (req.last_token_time(self.decode.end) - first) / (n - 1) if n > 1 else 0.0
-        slo = self.slo
-        if first - req.arrival <= req.ttft_bound and tpot <= slo.tpot_s and req.resume_gap <= slo.stall_s:
+        if (
+            first - req.arrival <= req.ttft_bound
+            and tpot <= req.tpot_bound
+            and req.resume_gap <= req.stall_bound
+        ):
             self.n_good += 1
         else:
             self.violate(req)
