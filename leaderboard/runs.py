@@ -31,7 +31,7 @@ from envs.serving.loop import SimResult
 from envs.serving.metrics import SLOSpec, bucket_summaries
 from envs.serving.setup import ServingSetup, serving_config
 from envs.serving.specs import load_hardware, load_model
-from envs.serving.tenancy import fairness_summary, group_rows, trace_classes, trace_tenants
+from envs.serving.tenancy import class_weights, fairness_summary, group_rows, trace_classes, trace_tenants
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, WorkloadSpec, load_workload
 from leaderboard.cells import (
     NO_PATHS,
@@ -326,7 +326,7 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
         "fleet_router": spec.fleet.router if spec.fleet.servers > 1 else "",
         "load_imbalance": result.metrics.get("load_imbalance", 1.0),
         "goodput_per_gpu": result.metrics["goodput_rps"] / (spec.fleet.servers * spec.setup.tp),
-        **fairness_summary(result.outcomes, tenants, token_times, trace.span_s),
+        **fairness_summary(result.outcomes, tenants, token_times, trace.span_s, class_weights(trace)),
         "slo_tpot_s": setup.slo.tpot_s,
         "slo_stall_s": setup.slo.stall_s,
         "cost_model_source": setup.cost_model.description,

@@ -89,6 +89,9 @@ def test_the_worked_example_of_the_docs() -> None:
     assert shares.tolist() == [5.0, 8.0] and level == 8.0
     assert got["jain_maxmin"] == pytest.approx((0.6 + 1.25) ** 2 / (2 * (0.6**2 + 1.25**2)))
     assert got["min_within_share_attainment"] == 1.0  # A alone is within its share
+    assert got["weighted_goodput_rps"] == 1 / 2.5  # A met its SLO; no classes: weight 1
+    weighted = fairness_summary(out, ["A", "B"], times, span_s=2.5, weights=np.array([3.0, 1.0]))
+    assert weighted["weighted_goodput_rps"] == 3 / 2.5  # A as an interactive request counts 3 times
 
 
 # ---- properties ------------------------------------------------------------------------------

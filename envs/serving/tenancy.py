@@ -33,6 +33,9 @@ cap it: every tenant does when the window's demand was all served);
 **min_within_share_attainment** is the lowest SLO attainment among those tenants, NaN when none
 qualifies (every tenant asked for more than the level).  A lone tenant is always within its share
 (the whole server; nobody can take it), so a one-tenant run's value is its SLO attainment.
+
+**weighted_goodput_rps**: requests that met their SLO per second of the window, each counted its
+class's weight times (1 without a class): the goodput a scheduler that values classes maximises.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.serving.metrics import BUCKET_EDGES, BUCKET_LABELS, RequestOutcomes, request_summary
+from envs.serving.slo_classes import load_slo_class
 from envs.serving.workloads.trace import Trace
 
 W_IN = 1.0
@@ -52,7 +56,13 @@ W_OUT = 2.0
 """Service per output token (VTC's default)."""
 GROUPS = ("tenant", "class", "class_bucket")
 """``tenants.csv``'s ``group``: per tenant, per SLO class, per class and prompt-length bucket."""
-FAIRNESS_COLUMNS = ("tenants", "max_service_gap", "jain_maxmin", "min_within_share_attainment")
+FAIRNESS_COLUMNS = (
+    "tenants",
+    "max_service_gap",
+    "jain_maxmin",
+    "min_within_share_attainment",
+    "weighted_goodput_rps",
+)
 """The results row's fairness columns (:func:`fairness_summary`)."""
 
 
@@ -69,6 +79,14 @@ class Service:
 def trace_tenants(trace: Trace) -> np.ndarray:
     """Each request's tenant (trace order; :data:`~envs.serving.workloads.trace.DEFAULT_TENANT` without one)."""
     return np.asarray(trace.tenants(), dtype=str)
+
+
+def class_weights(trace: Trace) -> np.ndarray:
+    """Each request's SLO-class weight (trace order): its class's ``weight``, 1 without a class."""
+    if trace.slo_class is None:
+        return np.ones(len(trace.arrival_s))
+    weight = {name: load_slo_class(name).weight for name in set(trace.slo_class)}
+    return np.array([weight[c] for c in trace.slo_class], dtype=np.float64)
 
 
 def trace_classes(trace: Trace, run_class: str) -> np.ndarray:
@@ -227,8 +245,10 @@ def fairness_summary(
     tenants: Sequence[str] | np.ndarray,
     token_times: Sequence[np.ndarray | None],
     span_s: float,
+    weights: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """The results row's :data:`FAIRNESS_COLUMNS` (module docstring)."""
+    """The results row's :data:`FAIRNESS_COLUMNS` (module docstring); ``weights``: each request's
+    class weight (:func:`class_weights`), 1 each if None."""
     names, codes = tenant_codes(tenants)
     n = len(names)
     service = service_events(out, codes, token_times)
@@ -244,6 +264,11 @@ def fairness_summary(
         "max_service_gap": max_service_gap(out, codes, token_times, service),
         "jain_maxmin": jain(delivered[fair] / shares[fair]) if fair.any() else math.nan,
         "min_within_share_attainment": min(attainment) if attainment else math.nan,
+        "weighted_goodput_rps": (
+            float(out.good.sum() if weights is None else weights[out.good].sum()) / span_s
+            if span_s > 0
+            else math.nan
+        ),
     }
 
 
