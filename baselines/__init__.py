@@ -4,10 +4,11 @@ Named presets live in ``conf/policy/NAME.yaml`` (``_target_`` plus arguments).
 """
 
 from baselines.adaptive import Adaptive
+from baselines.fairness import Edf, Vtc, Wvtc
 from baselines.fixed_chunk import FixedChunk
 from baselines.prefill_first import PrefillFirst
 from baselines.sarathi import Sarathi
 from baselines.vllm_v1 import VllmV1
 
 __chunkgym__ = True
-__all__ = ["Adaptive", "FixedChunk", "PrefillFirst", "Sarathi", "VllmV1"]
+__all__ = ["Adaptive", "Edf", "FixedChunk", "PrefillFirst", "Sarathi", "VllmV1", "Vtc", "Wvtc"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from envs.serving.scheduling import Admission, Plan, Policy, Rule, ServingView, plan_budget
+from baselines.fairness import urgent_order
+from envs.serving.request import Request
+from envs.serving.scheduling import Admission, Plan, Policy, Preemption, Rule, ServingView, plan_budget
 from envs.serving.stretches import (
     BudgetChunk,
     ChunkFollower,
@@ -41,6 +43,16 @@ class VllmV1(Policy, FollowsChunks):
       (running = decoding or prefilling).  Unset, the cap is ``max_num_seqs``, chunkgym's
       ``ServingConfig.max_num_seqs`` (the view's batch slots): it is a setting of the simulated
       engine, not of this policy.
+    * ``scheduling_policy`` (``--scheduling-policy``): ``"fcfs"`` (the default) or ``"priority"``.
+      Under ``priority`` the waiting queue is a heap ordered by ``(priority, arrival_time,
+      request_id)`` (``vllm/v1/core/sched/request_queue.py``, ``PriorityRequestQueue``;
+      ``vllm/v1/request.py``, ``Request.__lt__``): a request's priority is its SLO class's
+      (``conf/slo_class``: interactive 0, standard 1, batch 2; 0 without a class), a preempted
+      request goes back into the heap at its own place (not to the front), and running requests still
+      come first in running order, with the same loop and the same ``break``.  When the decodes need
+      KV blocks the victim is ``max(running, key=(priority, arrival_time))`` (``scheduler.py``,
+      ``schedule()``), not the newest running request: this policy's ``preemption`` is
+      ``Preemption.LOWEST_PRIORITY``, which the core reads.
 
     :meth:`reset` refuses the settings vLLM's ``SchedulerConfig`` refuses, against the view's limits:
     ``max_num_batched_tokens < max_num_seqs``, ``max_num_active_seqs > max_num_seqs``,
@@ -65,10 +77,13 @@ class VllmV1(Policy, FollowsChunks):
     * Only the first ``ServingConfig.lookahead`` queued prompts (64) may start in an iteration;
       vLLM reads its whole queue.  Equal unless more than that many would start in one step: set
       the lookahead to ``max_num_seqs`` or more to rule it out.
+    * Under ``priority``, the waiting prompts considered are the lookahead's count of the whole
+      queue's smallest ``(priority, arrival, rid)`` (:func:`~baselines.fairness.urgent_order`), where
+      vLLM pops its whole heap: equal unless more than that many would start in one step.
     * No speculative decoding, no async scheduling, no encoder inputs, pipeline parallelism or
       KV connectors; prefix-cache hits are chunkgym's (``Request.remaining_prefill``).
 
-    With the threshold at 0, chunking on and no active cap this plans exactly what
+    With the threshold at 0, chunking on, no active cap and ``fcfs`` this plans exactly what
     ``Sarathi(max_num_batched_tokens, admission="stop")`` plans (``conf/policy/vllm_v1_8192.yaml``).
     """
 
@@ -79,6 +94,7 @@ class VllmV1(Policy, FollowsChunks):
         long_prefill_token_threshold_adaptive: bool = False,
         enable_chunked_prefill: bool = True,
         max_num_active_seqs: int | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         _check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         _check_int("long_prefill_token_threshold", long_prefill_token_threshold, 0)
@@ -86,11 +102,19 @@ class VllmV1(Policy, FollowsChunks):
         _check_bool("enable_chunked_prefill", enable_chunked_prefill)
         if max_num_active_seqs is not None:
             _check_int("max_num_active_seqs", max_num_active_seqs, 1)
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {scheduling_policy!r}"
+            )
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.long_prefill_token_threshold_adaptive = long_prefill_token_threshold_adaptive
         self.enable_chunked_prefill = enable_chunked_prefill
         self.max_num_active_seqs = max_num_active_seqs
+        self.scheduling_policy = scheduling_policy
+        self.priority = scheduling_policy == "priority"
+        if self.priority:
+            self.preemption = Preemption.LOWEST_PRIORITY  # vLLM's victim under the priority policy
         name = f"vllm_v1_{max_num_batched_tokens}"
         if long_prefill_token_threshold:
             name += f"_lpt{long_prefill_token_threshold}" + (
@@ -100,6 +124,8 @@ class VllmV1(Policy, FollowsChunks):
             name += "_nochunk"
         if max_num_active_seqs is not None:
             name += f"_active{max_num_active_seqs}"
+        if self.priority:
+            name += "_priority"
         self.name = name
 
     def reset(self, view: ServingView) -> None:
@@ -150,12 +176,16 @@ class VllmV1(Policy, FollowsChunks):
                 if active is None
                 else min(view.free_slots, active - view.num_decode - view.num_prefilling)
             ),
+            order=urgent_order(view, priority_key) if self.priority and view.queue else None,
         )
 
     def follow(self, view: ServingView, plan: Plan) -> ChunkFollower | None:
         """Sarathi's follower without a threshold (the head, the only prompt mid-prefill, takes what
         the decodes leave; chunking off and the active cap touch only prompts not yet started);
-        with one, :class:`CappedChunk`."""
+        with one, :class:`CappedChunk`.  Under ``priority`` too: the head is the only prompt
+        mid-prefill, and running prompts come first in either order, so its chunk (``min(rest, cap,
+        left)``) and whether tokens are left for a waiting prompt do not depend on the waiting order
+        (tests/test_fairness_baselines.py checks the runs with and without stretches agree)."""
         if stretch_head(view, plan, Rule.FCFS) is None:
             return None
         if not self.long_prefill_token_threshold:
@@ -188,6 +218,15 @@ class CappedChunk(SteadyFollower):
     def steady(self) -> Steady | None:
         tokens, _ = self()
         return Steady(tokens, math.inf, tokens) if tokens > 0 else None
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+"""vLLM's ``--scheduling-policy`` values (``SchedulingPolicy``)."""
+
+
+def priority_key(r: Request) -> tuple[int, float, int]:
+    """vLLM's priority heap order, ``Request.__lt__``: priority, then arrival time, then request id."""
+    return (r.priority, r.arrival, r.rid)
 
 
 def _check_int(name: str, value: object, least: int) -> None:

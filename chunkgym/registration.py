@@ -2,7 +2,7 @@
 
 Entry points are strings, so registering imports nothing of ``envs``: ``import chunkgym``
 (or ``import envs``) is enough for ``gym.make``, without an import cycle between the two.
-The version history of v0-v4 is in :mod:`envs.chunked_prefill`'s docstring, v5's (the routing env)
+The version history of v0-v4 and v6 is in :mod:`envs.chunked_prefill`'s docstring, v5's (the routing env)
 in :mod:`envs.fleet_routing`'s.
 """
 
@@ -18,6 +18,8 @@ ENV_ID_V3 = "chunkgym/ChunkedPrefill-v3"
 ENV_ID_V4 = "chunkgym/ChunkedPrefill-v4"
 ENV_ID_V5 = "chunkgym/ChunkedPrefill-v5"
 """The routing env: one step per arrival, the server it goes to as the action (a fleet's router)."""
+ENV_ID_V6 = "chunkgym/ChunkedPrefill-v6"
+"""v4 for many tenants and SLO classes: who waits in the observation, the class-weighted reward."""
 ENV_ID = ENV_ID_V4
 """The newest scheduling version: the default of train.py, the leaderboard and the benchmarks."""
 
@@ -31,6 +33,14 @@ for _version, _id in enumerate((ENV_ID_V0, ENV_ID_V1, ENV_ID_V2, ENV_ID_V3, ENV_
             kwargs={"version": _version},
             additional_wrappers=(_ACTION_MASKS,),
         )
+
+if ENV_ID_V6 not in gymnasium.registry:
+    gymnasium.register(
+        id=ENV_ID_V6,
+        entry_point="envs.chunked_prefill:ChunkedPrefillEnv",
+        kwargs={"version": 6},
+        additional_wrappers=(_ACTION_MASKS,),
+    )
 
 if ENV_ID_V5 not in gymnasium.registry:
     gymnasium.register(

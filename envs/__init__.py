@@ -8,7 +8,8 @@ Sarathi-Serve's admission), ``chunkgym/ChunkedPrefill-v3`` (v2 whose actions als
 targets, so every mixed-batch heuristic is a constant action) and ``chunkgym/ChunkedPrefill-v4`` (v3
 with features of the recent traffic: prompt and output lengths); the module's docstring has the version history.
 ``chunkgym/ChunkedPrefill-v5`` is another class, :class:`envs.fleet_routing.FleetRoutingEnv`: the agent routes
-each arrival to one server of a fleet.  :data:`ENV_ID` is the newest, the default everywhere.
+each arrival to one server of a fleet.  ``chunkgym/ChunkedPrefill-v6`` is v4 for many tenants and SLO
+classes (who waits in the observation, the class-weighted reward).  :data:`ENV_ID` is the newest, the default everywhere.
 """
 
 from pathlib import Path
@@ -32,6 +33,16 @@ from chunkgym.registration import (  # noqa: E402  (registers the envs)
     ENV_ID_V3,
     ENV_ID_V4,
     ENV_ID_V5,
+    ENV_ID_V6,
 )
 
-__all__ = ["ENV_ID", "ENV_ID_V0", "ENV_ID_V1", "ENV_ID_V2", "ENV_ID_V3", "ENV_ID_V4", "ENV_ID_V5"]
+__all__ = [
+    "ENV_ID",
+    "ENV_ID_V0",
+    "ENV_ID_V1",
+    "ENV_ID_V2",
+    "ENV_ID_V3",
+    "ENV_ID_V4",
+    "ENV_ID_V5",
+    "ENV_ID_V6",
+]

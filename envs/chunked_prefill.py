@@ -41,7 +41,8 @@ same plan, so ignoring masks is safe.
 
 ``Box(-1, 1, (n_features,), float32)``: the features of :mod:`envs.features`
 (``FEATURES_V0``: 16, ``FEATURES_V1``: 26, ``FEATURES_V3``: 30 with the SLO's bounds,
-``FEATURES_V4``: 33 with the recent traffic's prompt and output lengths; each documented there).
+``FEATURES_V4``: 33 with the recent traffic's prompt and output lengths, ``FEATURES_V6``: 41 with
+who waits, per SLO class and per tenant; each documented there).
 
 ## Rewards
 
@@ -51,7 +52,10 @@ bound at finish, or rejection).  v1: +1 as soon as a request's first token meets
 TTFT bound, -2 if it later misses TPOT or stall (-1 if it never met TTFT).  Both times
 ``reward_scale``.  Every request of the window nets exactly +1 or -1, so the episode
 return is ``(good - bad) * scale = (2 * goodput * span - requests) * scale``: an affine
-function of the window's goodput.
+function of the window's goodput.  v6: v1's reward with each request counted its SLO class's
+weight ``w`` times (``interactive`` 3, ``standard`` 2, ``batch`` 1; 1 without a class), judged
+by its class's bounds, so the return is ``(2 * weighted goodput * span - sum of w) * scale``:
+affine in ``weighted_goodput_rps``.
 
 ## Starting State
 
@@ -87,6 +91,13 @@ left to Gymnasium's ``RecordEpisodeStatistics`` and SB3's ``Monitor``.
 batch timeline of the last iterations (:mod:`envs.render`).
 
 ## Version History
+
+* v6: v4 for many tenants and SLO classes (docs/tenants.md): 8 more features (``FEATURES_V6``: per
+  class, the share of the lookahead waiting and its least TTFT slack; the number of tenants waiting
+  and the largest one's share), the class-weighted first-token reward, the mix workloads
+  ``mix_chat_batch`` and ``mix_agent`` by default (``mix_flood`` held out); actions and steps as v4.
+  Without tenants or classes it steps and pays as v4 (its first 33 features are v4's; of the
+  eight new ones only the tenant features move, saying whether prompts wait).
 
 * v4: v3 with the lengths of recent traffic as three more features (``FEATURES_V4``: the
   mean and spread of recent arrivals' log prompt lengths, the mean log output length of recently
@@ -125,10 +136,12 @@ from envs.features import (
     FEATURE_NAMES_V1,
     FEATURE_NAMES_V3,
     FEATURE_NAMES_V4,
+    FEATURE_NAMES_V6,
     features_v0,
     features_v1,
     features_v3,
     features_v4,
+    features_v6,
 )
 from envs.lookahead import Lookahead, scan_lookahead
 from envs.render import ansi_line, timeline_image
@@ -142,6 +155,8 @@ from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_mode
 from envs.serving.workload import Workload, load_workload
 
 TRAIN_WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv", "sharegpt_poisson")
+MIX_WORKLOADS = ("mix_chat_batch", "mix_agent")
+"""v6's training mixes; ``mix_flood`` is held out (docs/tenants.md)."""
 
 
 def score_at_finish(core: ServingCore) -> int:
@@ -152,6 +167,12 @@ def score_at_finish(core: ServingCore) -> int:
 def score_at_first_token(core: ServingCore) -> int:
     """v1's: +1 per request credited at its first token, -1 per request known bad, -1 more if it was credited."""
     return core.n_credited - core.n_uncredited - core.n_bad
+
+
+def weighted_score_at_first_token(core: ServingCore) -> float:
+    """v6's: v1's, each request counted its SLO class's weight times (1 without a class)."""
+    book = core.book
+    return book.w_credited - book.w_uncredited - book.w_bad
 
 
 class Features(Protocol):
@@ -171,7 +192,7 @@ class EnvVersion:
     features: Features
     feature_names: tuple[str, ...]
     actions: ActionSpace  # ActionSpec (v0-v2) or TargetActionSpec (v3, v4)
-    score: Callable[[ServingCore], int]  # cumulative unscaled reward; a step pays its increase
+    score: Callable[[ServingCore], float]  # cumulative unscaled reward; a step pays its increase
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument
 
@@ -189,8 +210,14 @@ VERSIONS: dict[int, EnvVersion] = {
     2: EnvVersion(2, features_v1, FEATURE_NAMES_V1, ACTIONS_V2, score_at_first_token, True, TRAIN_WORKLOADS),
     3: EnvVersion(3, features_v3, FEATURE_NAMES_V3, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
     4: EnvVersion(4, features_v4, FEATURE_NAMES_V4, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS),
+    # 5 is the routing env, another class (envs.fleet_routing).
+    6: EnvVersion(
+        6, features_v6, FEATURE_NAMES_V6, ACTIONS_V3, weighted_score_at_first_token, True, MIX_WORKLOADS
+    ),
 }
-LATEST_VERSION = max(VERSIONS)
+DEFAULT_VERSION = 4
+"""The version of :data:`~chunkgym.registration.ENV_ID` (train.py's, the leaderboard's); v6 is the
+tenants' version, for mix workloads."""
 FORCED = StepDecodes()  # the policy of forced iterations (stateless)
 
 
@@ -223,7 +250,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def __init__(
         self,
-        version: int = LATEST_VERSION,
+        version: int = DEFAULT_VERSION,
         workloads: Sequence[str | Workload] | str | Workload | None = None,
         split: str = "train",
         model: str | ModelSpec = DEFAULT_MODEL,
@@ -297,7 +324,7 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self._mask = np.zeros(sum(self.actions.nvec), dtype=bool)
         self._valid = (0, False)  # self.actions.valid of the state the agent sees
         self._steps = 0
-        self._score = 0
+        self._score: float = 0
         self._episodes = 0
 
     # ---- gymnasium API -------------------------------------------------------------------
@@ -452,4 +479,4 @@ def version_of(env_id: Any) -> EnvVersion:
     cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     if not (isinstance(cls, type) and issubclass(cls, ChunkedPrefillEnv)):
         raise ValueError(f"env {env_id!r} is not a ChunkedPrefill env: {cls!r}")
-    return VERSIONS[spec.kwargs.get("version", LATEST_VERSION)]
+    return VERSIONS[spec.kwargs.get("version", DEFAULT_VERSION)]

@@ -192,11 +192,77 @@ _L14 = math.log1p(2**14)
 def features_v4(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
     """The v3 features plus the lengths of recent traffic, which tell workloads apart (``FEATURES_V4``)."""
     look = scan_lookahead(view) if look is None else look
+    return np.fromiter(_values_v4(view, look), np.float32, len(FEATURES_V4))
+
+
+def _values_v4(view: ServingView, look: Lookahead) -> tuple[float, ...]:
     traffic = view.traffic
-    values = _values_v0(view, look) + _values_v1(view, look) + _values_v3(view)
-    values += (
-        _unit(traffic.prompt_log_mean / _L17),
-        _unit(traffic.prompt_log_std / 3),
-        _unit(traffic.output_log_mean / _L14),
+    return (
+        _values_v0(view, look)
+        + _values_v1(view, look)
+        + _values_v3(view)
+        + (
+            _unit(traffic.prompt_log_mean / _L17),
+            _unit(traffic.prompt_log_std / 3),
+            _unit(traffic.output_log_mean / _L14),
+        )
     )
-    return np.fromiter(values, np.float32, len(FEATURES_V4))
+
+
+CLASSES_V6 = ("interactive", "standard", "batch")
+"""The SLO classes v6 describes one by one (``conf/slo_class``); prompts of any other class, or of
+the run's SLO, count only in the tenant features."""
+FEATURES_V6: tuple[tuple[str, str], ...] = (
+    FEATURES_V4
+    + tuple(
+        (f"{c}_waiting_fraction", f"lookahead prompts of class {c} / lookahead size; 0 if none waits")
+        for c in CLASSES_V6
+    )
+    + tuple(
+        (
+            f"{c}_min_slack",
+            f"least (deadline - now - remaining * prefill s/token) / TTFT bound among lookahead prompts "
+            f"of class {c}, in [-1, 1]; 1 if none",
+        )
+        for c in CLASSES_V6
+    )
+    + (
+        ("tenants_waiting_log", "log1p(distinct tenants in the lookahead) / log1p(64), clipped to 1"),
+        ("top_tenant_share", "the largest tenant's share of the lookahead prompts; 0 if none waits"),
+    )
+)
+FEATURE_NAMES_V6 = tuple(name for name, _ in FEATURES_V6)
+_L64T = math.log1p(64)
+
+
+def features_v6(view: ServingView, look: Lookahead | None = None) -> np.ndarray:
+    """The v4 features plus who waits: per SLO class and per tenant (``FEATURES_V6``), so a policy
+    can favour a class about to miss its TTFT and see a flood."""
+    look = scan_lookahead(view) if look is None else look
+    return np.fromiter(_values_v4(view, look) + _values_v6(view), np.float32, len(FEATURES_V6))
+
+
+def _values_v6(view: ServingView) -> tuple[float, ...]:
+    """What v6 appends to the v4 features: one more pass over the lookahead, by class and tenant."""
+    prompts = view.lookahead
+    k = len(CLASSES_V6)
+    if not prompts:
+        return (0.0,) * k + (1.0,) * k + (0.0, 0.0)
+    now, per_token = view.now, view.prefill_s_per_token
+    count = dict.fromkeys(CLASSES_V6, 0)
+    slack = dict.fromkeys(CLASSES_V6, 1.0)
+    tenants: dict[str, int] = {}
+    for r in prompts:
+        tenants[r.tenant] = tenants.get(r.tenant, 0) + 1
+        c = r.slo_class
+        if c in count:
+            count[c] += 1
+            s = (r.deadline - now - per_token * (r.target - r.computed)) / r.ttft_bound
+            if s < slack[c]:
+                slack[c] = s
+    n = len(prompts)
+    return (
+        tuple(count[c] / n for c in CLASSES_V6)
+        + tuple(max(-1.0, slack[c]) for c in CLASSES_V6)
+        + (_unit(math.log1p(len(tenants)) / _L64T), max(tenants.values()) / n)
+    )

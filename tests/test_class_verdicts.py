@@ -109,5 +109,7 @@ def test_a_request_meets_its_class_exactly_when_its_times_are_within_the_class_b
     sim, result = _run(_labelled(trace, [name] * n))
     out = result.outcomes
     cls = resolve_classes([name], sim.core.cost_model)[name].slo
-    expected = out.finished & (out.ttft <= out.ttft_bound) & (out.tpot <= cls.tpot_s) & (out.stall <= cls.stall_s)
+    expected = (
+        out.finished & (out.ttft <= out.ttft_bound) & (out.tpot <= cls.tpot_s) & (out.stall <= cls.stall_s)
+    )
     assert np.array_equal(out.good, expected)

@@ -13,7 +13,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
 from envs.actions import NUM_LEVELS
-from envs.chunked_prefill import LATEST_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
+from envs.chunked_prefill import DEFAULT_VERSION, VERSIONS, ChunkedPrefillEnv, version_of
 from envs.serving.levels import BUDGET_LEVELS
 from envs.serving.metrics import VLLM_COLUMNS
 from envs.serving.scheduling import plan_budget
@@ -50,18 +50,18 @@ def test_registered_and_passes_both_checkers():
     sb3_check_env(env.unwrapped, warn=True)
 
 
-def test_one_class_for_every_version_and_the_newest_is_the_default():
-    ids = (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3, envs.ENV_ID_V4)
+def test_one_class_for_every_version_and_v4_is_the_default():
+    ids = (envs.ENV_ID_V0, envs.ENV_ID_V1, envs.ENV_ID_V2, envs.ENV_ID_V3, envs.ENV_ID_V4, envs.ENV_ID_V6)
     specs = [gym.spec(env_id) for env_id in ids]
     assert {s.entry_point for s in specs} == {"envs.chunked_prefill:ChunkedPrefillEnv"}
-    assert [s.kwargs["version"] for s in specs] == [0, 1, 2, 3, 4]
-    assert envs.ENV_ID == envs.ENV_ID_V4 and gym.spec(envs.ENV_ID).kwargs["version"] == LATEST_VERSION
+    assert [s.kwargs["version"] for s in specs] == [0, 1, 2, 3, 4, 6]
+    assert envs.ENV_ID == envs.ENV_ID_V4 and gym.spec(envs.ENV_ID).kwargs["version"] == DEFAULT_VERSION
     assert EnvConfig().id == envs.ENV_ID  # what train.py trains on
     assert (
         ChunkedPrefillEnv(cost_model="roofline", workload="synthetic_azure_conv").version.number
-        == LATEST_VERSION
+        == DEFAULT_VERSION
     )
-    assert [version_of(i) for i in ids] == [VERSIONS[v] for v in range(5)]
+    assert [version_of(i) for i in ids] == [VERSIONS[v] for v in (0, 1, 2, 3, 4, 6)]
     with pytest.raises(
         ValueError, match=r"'chunkgym/ChunkedPrefill-v9' is not registered; chunkgym envs: \["
     ):

@@ -29,6 +29,10 @@ class SloBook:
         self.n_bad = 0  # requests known to miss it (as soon as it is known)
         self.n_credited = 0  # requests whose first token met TTFT while still in the running
         self.n_uncredited = 0  # of those, the ones later found to miss their SLO
+        # The same counts, each request counted its class weight (``Request.weight``) times.
+        self.w_bad = 0.0
+        self.w_credited = 0.0
+        self.w_uncredited = 0.0
         self.deadlines: list[tuple[float, int, Request]] = []  # heap of (TTFT deadline, rid, request)
 
     def watch(self, req: Request) -> None:
@@ -66,12 +70,16 @@ class SloBook:
         else:
             req.credited = True
             self.n_credited += 1
+            self.w_credited += req.weight
 
     def violate(self, req: Request) -> None:
         """``req`` is known to miss its SLO."""
         req.violated = True
         self.n_bad += 1
         self.n_uncredited += req.credited
+        self.w_bad += req.weight
+        if req.credited:
+            self.w_uncredited += req.weight
         if req.status is Status.DECODING:
             self.decode.n_doomed += 1
 
