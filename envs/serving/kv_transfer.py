@@ -23,11 +23,12 @@ engines send each layer's KV as soon as that layer's prefill is done.
 Validation (``calibration/kv_transfer_validation.csv``, tests/test_kv_transfer.py): published transfer
 measurements, chosen before any fitting and never fitted to.  Measured ratios predicted/measured:
 Mooncake Transfer Engine 40 GiB over 4x200 Gb/s RoCE 0.97 and over 8x400 Gb/s RoCE 0.53; MORI-IO
-single-NIC 400G RDMA writes of 1 GB 1.05 and of 1 MB 0.72; Dynamo/NIXL moving a 7500-token
+single-NIC 400G RDMA writes of 1 GiB 1.05 and of 1 MiB 0.74; Dynamo/NIXL moving a 7500-token
 Llama-3.1-8B KV over H100 NVLink 0.27 (128-token pages) and 0.11 (16-token pages).  The band asserted
 is 3x, on the rows that move their bytes as large transfers; the paged NVLink rows move ~30,000 and
 ~3,800 separate blocks and are slower than the pipe model by more than 3x (per-block overhead is left
-out, docs/disaggregation.md): the test asserts only that the model under-predicts them.
+out, docs/disaggregation.md): the test asserts only that the model under-predicts them (the CSV's
+``in_band`` marks say which rows are which; they were set knowing the rough ratios, as scope, not result).
 
 Left out: congestion beyond fair sharing (incast, switch buffers, flow-control pauses), PCIe staging
 through host memory, per-block/per-descriptor overhead of paged KV layouts, and protocol overheads
