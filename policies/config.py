@@ -170,7 +170,7 @@ class EvalConfig:
     window_s: float | None = None  # None = the workload's window_s
     baseline: str = "sarathi_512"  # a conf/policy name, evaluated once per run on the same windows
     workloads: list[str] = field(default_factory=list)  # more workloads whose val windows join the main one's
-    select_by: str = "goodput_rps"  # the mean kept as "best": goodput_rps or slo_attainment (scale-free
+    select_by: str = "goodput_rps"  # the mean kept as "best": goodput_rps, weighted_goodput_rps (mixes) or slo_attainment (scale-free
     # across workloads whose rates differ 100x)
 
 

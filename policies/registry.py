@@ -4,7 +4,8 @@ Names: a preset in ``conf/policy/`` (``fcfs``, ``sarathi_512``, ...), ``learned:
 (an exported policy directory: JSON + safetensors only), or the name of an artefact shipped
 in ``policies/artifacts/`` (``learned``: the simulator policy for GPU serving, on ``ChunkedPrefill-v4``
 (latency-target actions, traffic features); ``learned_v2``: one on v2's budget levels;
-``learned_cpu``: the one trained for the CPU engine; ``learned_vllm``: for vLLM on CPU; both on v1).
+``learned_cpu``: the one trained for the CPU engine; ``learned_vllm``: for vLLM on CPU; both on v1;
+``learned_tenants``: for many tenants and SLO classes, on v6).
 
 Names arrive from files a user may have received from someone else (the ``policy`` column of
 a results file, a run's config), so nothing else is accepted: a name is never turned into a

@@ -49,10 +49,11 @@ from chunkgym.io import append_line, atomic_write_text
 from chunkgym.received import ReceivedFileError, load_yaml, parse_json, read_text, write_target
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
-from envs.features import FEATURES_V4
+from envs.features import FEATURES_V6
 from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
+from envs.serving.tenancy import class_weights
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
 from policies.checkpoint import (
@@ -75,6 +76,7 @@ ALGOS: dict[AlgoName, type[PPO] | type[MaskablePPO]] = {AlgoName.maskable_ppo: M
 ACTIVATION_FNS: dict[Activation, type[nn.Module]] = {Activation.tanh: nn.Tanh, Activation.relu: nn.ReLU}
 EVAL_METRICS = (
     "goodput_rps",
+    "weighted_goodput_rps",
     "slo_attainment",
     "ttft_p50_s",
     "ttft_p99_s",
@@ -245,7 +247,12 @@ class ValWindows:
 
     def evaluate(self, make_policy: Callable[[], Policy]) -> dict[str, float]:
         """Mean over the windows of each of :data:`EVAL_METRICS` (NaNs skipped)."""
-        runs = [s.simulator(t).run(make_policy()).metrics for s in self.setups for t in self.traces]
+        runs = []
+        for s in self.setups:
+            for t in self.traces:
+                result = s.simulator(t).run(make_policy())
+                good = class_weights(t)[result.outcomes.good].sum()
+                runs.append({**result.metrics, "weighted_goodput_rps": float(good) / t.span_s})
         out = {}
         for key in EVAL_METRICS:
             values = [r[key] for r in runs if not math.isnan(r[key])]
@@ -544,7 +551,7 @@ def env_spec(cfg: TrainConfig, setup: ServingSetup) -> dict[str, Any]:
     """What the policy was trained on: env id and version, spaces, reward, serving setup, episodes."""
     slo = setup.slo
     contract = env_contract(cfg.env.id)
-    described = dict(FEATURES_V4)  # each version's features extend the one before
+    described = dict(FEATURES_V6)  # each version's features extend the one before
     return {
         "env_id": cfg.env.id,
         "env_version": contract["env_version"],

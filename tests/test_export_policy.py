@@ -142,7 +142,7 @@ def test_loading_and_serving_need_neither_sb3_nor_pickle(trained):
     assert out.stdout.strip().endswith("ok")
 
 
-@pytest.mark.parametrize("name", ["learned", "learned_v2", "learned_cpu", "learned_vllm"])
+@pytest.mark.parametrize("name", ["learned", "learned_v2", "learned_cpu", "learned_vllm", "learned_tenants"])
 def test_shipped_artifacts_load_by_name_and_schedule(name):
     """The artefacts in policies/artifacts are policies by name, checked against their manifests."""
     assert name in shipped_names() and name in policy_names()
