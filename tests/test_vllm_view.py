@@ -32,6 +32,8 @@ class Engine:
     num_preemptions: int = 0
     is_prefill_chunk: bool = False
     outputs: int = 0
+    priority: int = 0
+    sampling_params: object = None
 
     @property
     def num_tokens(self) -> int:
@@ -134,3 +136,42 @@ def test_a_prompt_past_its_ttft_bound_is_known_to_miss_and_finished_requests_lea
     view.refresh(bound * 1.2, [], [], 100, 8, lambda _: 0)
     assert view.requests == {} and view.queue == []
     assert view.traffic.finishes == 1 and view.traffic.output_log_mean == 0.0  # it left with no token
+
+
+@dataclass
+class Params:
+    extra_args: dict | None = None
+
+
+def test_with_tenants_a_request_takes_its_class_from_its_priority_and_its_tenant_from_extra_args(caplog):
+    from envs.serving.slo_classes import resolve_classes
+
+    plugin = load_plugin(PluginConfig(policy="fcfs"))
+    view = VllmView(plugin.slo, plugin.cost_model, 64, 16, 200, 8, 4096, tenants=True)
+    engines = [
+        Engine("a", 0.0, 100, priority=0, sampling_params=Params({"tenant": "acme"})),
+        Engine("b", 0.0, 100, priority=2, sampling_params=Params(None)),
+        Engine("c", 0.0, 100, priority=7, sampling_params=Params({"tenant": " padded "})),
+    ]
+    for e in engines:
+        view.add(e, 0)
+    a, b, c = (view.requests[e.request_id] for e in engines)
+    classes = resolve_classes(["interactive", "batch"], plugin.cost_model)
+    assert (a.tenant, a.slo_class, a.tpot_bound) == ("acme", "interactive", classes["interactive"].slo.tpot_s)
+    assert (b.tenant, b.slo_class, b.stall_bound, b.weight) == ("default", "batch", classes["batch"].slo.stall_s, 1.0)
+    assert (c.tenant, c.slo_class, c.tpot_bound) == ("default", "", plugin.slo.tpot_s)  # no class has priority 7
+    assert "served as tenant 'default'" in caplog.text
+    # Each request's stalls are judged by its own class: a gap the batch bound allows breaks interactive.
+    gap = (classes["interactive"].slo.stall_s + classes["batch"].slo.stall_s) / 2
+    view.observe([("a", 1), ("b", 1)], 0.1, 0.01)  # first tokens, within every TTFT bound (>= 0.5 s)
+    assert not a.violated and not b.violated
+    view.observe([("a", 1), ("b", 1)], 0.1 + gap, 0.01)
+    assert a.violated and not b.violated
+
+
+def test_without_tenants_priority_and_extra_args_change_nothing():
+    view = _view()
+    e = Engine("a", 0.0, 100, priority=2, sampling_params=Params({"tenant": "acme"}))
+    view.add(e, 0)
+    req = view.requests["a"]
+    assert (req.tenant, req.slo_class, req.tpot_bound) == ("default", "", view.slo.tpot_s)

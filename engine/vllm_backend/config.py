@@ -49,6 +49,10 @@ class PluginConfig:
     slo: str = "strict"
     cost: str = DEFAULT_COST  # a conf/cost/ name (no .yaml) or a coefficient file path
     lookahead: int = 64  # queued prompts the allocation rules may reorder (the simulator's default)
+    # Read each request's SLO class from its vLLM ``priority`` (the conf/slo_class whose ``priority`` it
+    # is: 0 interactive, 1 standard, 2 batch; any other: the run's SLO) and its tenant from
+    # ``SamplingParams.extra_args["tenant"]`` (the OpenAI API's ``vllm_xargs``); off: one tenant, one SLO.
+    tenants: bool = False
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Plugin:
     slo: SLO
     cost_model: CostModel
     lookahead: int
+    tenants: bool = False
 
 
 def plugin_config(additional_config: Any, environ: Mapping[str, str] = os.environ) -> PluginConfig:
@@ -100,7 +105,7 @@ def load_plugin(conf: PluginConfig) -> Plugin:
         policy = make_policy(conf.policy)
     except ValueError as exc:
         raise ConfigError(f"chunkgym: {exc}") from None
-    return Plugin(policy, slo, cost_model, conf.lookahead)
+    return Plugin(policy, slo, cost_model, conf.lookahead, conf.tenants)
 
 
 def check_server(

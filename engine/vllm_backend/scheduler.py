@@ -93,6 +93,7 @@ class ChunkgymScheduler(Scheduler):
             self.kv_cache_manager.block_pool.num_gpu_blocks - 1,  # less vLLM's null block
             self.max_num_running_reqs,
             self.max_model_len,
+            plugin.tenants,
         )
         self.chunkgym_policy.reset(self.view)
         self.budget_limit: int = self.max_num_scheduled_tokens

@@ -14,15 +14,20 @@ each plan, and :meth:`VllmView.observe` with each step's emitted tokens and late
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from envs.serving.core import LATENCY_EWMA_ALPHA
 from envs.serving.cost_model import CostModel
 from envs.serving.metrics import SLO
 from envs.serving.request import Request, Status
+from envs.serving.slo_classes import resolve_classes, slo_class_names
 from envs.serving.traffic import TrafficStats
+from envs.serving.workloads.trace import DEFAULT_TENANT, label_problem
+
+log = logging.getLogger(__name__)
 
 
 class EngineRequest(Protocol):
@@ -36,6 +41,8 @@ class EngineRequest(Protocol):
     num_preemptions: int
     max_tokens: int
     is_prefill_chunk: bool
+    priority: int
+    sampling_params: Any  # its ``extra_args`` (a dict or None) may name the tenant
 
     @property
     def num_tokens(self) -> int: ...
@@ -68,8 +75,17 @@ class VllmView:
         total_blocks: int,
         max_num_seqs: int,
         max_model_len: int,
+        tenants: bool = False,
     ) -> None:
         self.slo = slo
+        # With ``tenants``: each request's class from its vLLM priority, its tenant from its
+        # ``extra_args`` (PluginConfig.tenants); the classes resolved on this cost model.
+        self.tenants = tenants
+        self.classes_by_priority = (
+            {c.priority: (name, c) for name, c in resolve_classes(slo_class_names(), cost_model).items()}
+            if tenants
+            else {}
+        )
         self.cost_model = cost_model
         self.lookahead_len = lookahead
         self.block_size = block_size
@@ -98,7 +114,15 @@ class VllmView:
             return
         req = VllmRequest(self._next_rid, engine)
         self._next_rid += 1
-        req.ttft_bound = self.slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
+        slo = self.slo
+        if self.tenants:
+            req.tenant = tenant_of(engine)
+            named = self.classes_by_priority.get(engine.priority)
+            if named is not None:
+                req.slo_class, cls = named
+                slo, req.weight, req.priority = cls.slo, cls.weight, cls.priority
+        req.ttft_bound = slo.ttft_bound(self.cost_model.prefill_time_alone(req.prompt_len))
+        req.tpot_bound, req.stall_bound = slo.tpot_s, slo.stall_s
         req.deadline = req.arrival + req.ttft_bound
         req.prefix_hit = cached_tokens
         self.requests[req.request_id] = req
@@ -180,7 +204,6 @@ class VllmView:
         against the SLO (TTFT, stalls), the last decode emission, the latency EWMA."""
         self.last_latency = latency
         self.latency_ewma += LATENCY_EWMA_ALPHA * (latency - self.latency_ewma)
-        stall = self.slo.stall_s
         for request_id, n in emitted:
             req = self.requests.get(request_id)
             if req is None or n == 0:
@@ -191,7 +214,7 @@ class VllmView:
                     req.violated = True
             else:
                 self.last_decode_time = t
-                if t - req.last_token_s > stall:
+                if t - req.last_token_s > req.stall_bound:
                     req.violated = True
             req.generated += n
             req.last_token_s = t
@@ -220,6 +243,31 @@ class VllmView:
     @property
     def latency_monotone(self) -> bool:
         return self.cost_model.monotone
+
+
+def tenant_of(engine: EngineRequest) -> str:
+    """The tenant a request names in ``SamplingParams.extra_args["tenant"]`` (``vllm_xargs`` in the
+    OpenAI API); ``default`` without one.  A value that is not a label (docs/tenants.md) is served as
+    ``default`` and logged once per value, never dropped: the scheduler cannot refuse a request."""
+    extra = getattr(engine.sampling_params, "extra_args", None)
+    value = extra.get("tenant") if isinstance(extra, dict) else None
+    if value is None:
+        return DEFAULT_TENANT
+    problem = label_problem(value)
+    if problem is None:
+        return cast(str, value)
+    if len(_WARNED) < 100 and repr(value) not in _WARNED:
+        _WARNED.add(repr(value))
+        log.warning(
+            "request %s: extra_args tenant: %s; served as tenant %r",
+            engine.request_id,
+            problem,
+            DEFAULT_TENANT,
+        )
+    return DEFAULT_TENANT
+
+
+_WARNED: set[str] = set()  # bad tenant values logged so far (at most 100)
 
 
 def mirrored(req: Request) -> VllmRequest:
