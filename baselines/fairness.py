@@ -158,6 +158,12 @@ class Vtc(Policy):
             mine = max(mine, counter.get(self._last_left, 0.0))
         counter[tenant] = mine
 
+    def charge(self, view: ServingView) -> None:
+        """Bring the counters up to date with ``view`` (each ``plan`` does it first): the outputs a run
+        emits after its last plan (decodes with no prompt waiting run without planning) are charged
+        only here."""
+        self._update(view)
+
     def _update(self, view: ServingView) -> list[Request]:
         """Charge the outputs emitted since the last plan, drop finished requests, queue preempted ones
         and arrivals again; the prompts mid-prefill, in queue order."""
@@ -180,12 +186,14 @@ class Vtc(Policy):
                     gone.append(req)  # preempted: queued again, at the front
             elif status is not Status.DECODING:
                 gone.append(req)  # finished (or rejected)
-        for req in gone:
-            del self._active[req.rid]
-            if req.status is Status.WAITING:
-                self._queue_again(req, front=True)
-            else:
-                del charged[req.rid]
+        if gone:
+            gone.sort(key=_seq, reverse=True)  # preempted ones: the most recent (least seq) ends up first
+            for req in gone:
+                del self._active[req.rid]
+                if req.status is Status.WAITING:
+                    self._queue_again(req, front=True)
+                else:
+                    del charged[req.rid]
         queue, known = view.queue, self._known
         i = len(queue)
         while i and queue[i - 1].rid not in known:  # arrivals are appended: the unknown tail
