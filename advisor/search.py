@@ -188,7 +188,7 @@ class TargetProbe:
         core = sim.core
         core.shortcuts = PROBE_SHORTCUTS
         policy = self.candidate.build_policy()
-        policy.reset(sim.view)
+        sim.start(policy)
         if not self.criterion.targets:
             proof = CountStop(core, *self.criterion.preset_counts(len(core.requests)))
             if sim.run_until(policy, stop=proof):

@@ -159,7 +159,7 @@ def _decide(sim: Simulator, policy: Policy, proof: Attain90Stop, scale: float) -
     every request is known good or bad (``n_good + n_bad == N``, so one threshold is met)."""
     core = sim.core
     core.shortcuts = PROBE_SHORTCUTS
-    policy.reset(sim.view)
+    sim.start(policy)
     proven = proof.watching(core)
     early = sim.run_until(policy, stop=proven)
     assert proven(), "a finished run has every request known good or bad"

@@ -183,8 +183,7 @@ class Fleet:
     def start(self) -> None:
         """Reset the policies and the router; called once, before the first arrival is routed."""
         for server, policy in zip(self.servers, self.policies, strict=True):
-            server.core.preemption = policy.preemption
-            policy.reset(server.view)
+            server.start(policy)
         self.router.reset(len(self.servers), self.seed)
         self._started = True
 

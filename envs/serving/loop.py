@@ -362,12 +362,16 @@ class ServingLoop:
                 plan = Plan(n > 0, [(head, tokens)], price)
         return False
 
-    def run(self, policy: Policy, stop: Callable[[], bool] | None = None) -> SimResult:
-        """Serve the trace with ``policy`` (reset first) and summarise the run: to the end, or
-        until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
-        wall = time.perf_counter()
+    def start(self, policy: Policy) -> None:
+        """Before a run with ``policy``: the core takes its preemption rule, the policy is reset."""
         self.core.preemption = policy.preemption
         policy.reset(self.view)
+
+    def run(self, policy: Policy, stop: Callable[[], bool] | None = None) -> SimResult:
+        """Serve the trace with ``policy`` (started first) and summarise the run: to the end, or
+        until ``stop()`` holds (see :meth:`run_until`; a search that has its answer stops early)."""
+        wall = time.perf_counter()
+        self.start(policy)
         stopped = self.run_until(policy, stop=stop)
         result = self.result(time.perf_counter() - wall)
         result.stopped = stopped
