@@ -15,7 +15,7 @@ pytest.importorskip(
     reason="vLLM is not installed: pip install -e '.[dev,vllm]', then uninstall torchvision torchaudio torchcodec",
 )
 
-from baselines import Sarathi  # noqa: E402
+from baselines import Sarathi, Vtc  # noqa: E402
 from envs.serving.scheduling import Policy  # noqa: E402
 from tests.models import tiny_llama  # noqa: E402
 
@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("tiny_llama"), 4096)
 
 
-def _llm(model_dir, policy: str):
+def _llm(model_dir, policy: str, **settings):
     from vllm import LLM
 
     return LLM(
@@ -41,7 +41,7 @@ def _llm(model_dir, policy: str):
         max_num_seqs=8,
         max_num_batched_tokens=MAX_BATCHED,
         scheduler_cls=SCHEDULER,
-        additional_config={"chunkgym": {"policy": policy}},
+        additional_config={"chunkgym": {"policy": policy, **settings}},
     )
 
 
@@ -158,3 +158,39 @@ def test_a_bad_policy_name_fails_at_engine_start(model_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"policy='nope': unknown policy 'nope'; valid names: ") as err:
         _llm(model_dir, "nope")
     assert "\n" not in str(err.value)
+
+
+def test_vtc_inside_vllm_serves_a_light_tenant_beside_a_flood(model_dir, monkeypatch):
+    """With ``tenants`` on, the tenant comes from ``extra_args`` and the class from vLLM's priority:
+    VTC starts the light tenant's prompt second, where FCFS order would start it last."""
+    from vllm import SamplingParams, TokensPrompt
+
+    for key, value in ENGINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    llm = _llm(model_dir, "vtc", tenants=True)
+    try:
+        sched = _scheduler(llm)
+        assert isinstance(sched.chunkgym_policy, Vtc) and sched.view.tenants
+        assert sched.view.classes_by_priority[1][0] == "standard"
+        sched.steps = []
+        tenants = ["flood"] * 5 + ["light"]
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=_fresh(600)) for _ in tenants],
+            [
+                SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False, extra_args={"tenant": t})
+                for t in tenants
+            ],
+            priority=[1] * len(tenants),
+            use_tqdm=False,
+        )
+        steps = sched.steps
+        assert all(s.agrees for s in steps)
+        first: dict[str, int] = {}  # request id as the LLM returns it -> the step of its first token
+        for i, step in enumerate(steps):
+            for internal in step.emitted:
+                first.setdefault(internal.split("-")[0], i)  # vLLM's internal ids add a suffix
+        ids = [o.request_id for o in outputs]
+        light, flood = first[ids[-1]], [first[i] for i in ids[:-1]]
+        assert light < sorted(flood)[2]  # second or third to start, not last
+    finally:
+        llm.llm_engine.engine_core.shutdown()
