@@ -158,8 +158,17 @@ def test_with_tenants_a_request_takes_its_class_from_its_priority_and_its_tenant
     a, b, c = (view.requests[e.request_id] for e in engines)
     classes = resolve_classes(["interactive", "batch"], plugin.cost_model)
     assert (a.tenant, a.slo_class, a.tpot_bound) == ("acme", "interactive", classes["interactive"].slo.tpot_s)
-    assert (b.tenant, b.slo_class, b.stall_bound, b.weight) == ("default", "batch", classes["batch"].slo.stall_s, 1.0)
-    assert (c.tenant, c.slo_class, c.tpot_bound) == ("default", "", plugin.slo.tpot_s)  # no class has priority 7
+    assert (b.tenant, b.slo_class, b.stall_bound, b.weight) == (
+        "default",
+        "batch",
+        classes["batch"].slo.stall_s,
+        1.0,
+    )
+    assert (c.tenant, c.slo_class, c.tpot_bound) == (
+        "default",
+        "",
+        plugin.slo.tpot_s,
+    )  # no class has priority 7
     assert "served as tenant 'default'" in caplog.text
     # Each request's stalls are judged by its own class: a gap the batch bound allows breaks interactive.
     gap = (classes["interactive"].slo.stall_s + classes["batch"].slo.stall_s) / 2

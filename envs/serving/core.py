@@ -116,6 +116,18 @@ class ServingCore:
         self.on_release: Callable[[Request], None] | None = None
         # Seconds per prefill token on an idle engine (LEAST_SLACK's estimate), from a 1k prompt.
         self.prefill_s_per_token = cost_model.prefill_time_alone(1024) / 1024
+        # Roles of prefill-decode disaggregation (envs/serving/disaggregation.py); all unset: a
+        # colocated server.  A prefill server gives each request it has prefilled, with tokens left
+        # to emit, to ``on_handover(req, t)`` instead of decoding it, and keeps its KV blocks
+        # (``held``) until :meth:`release_held`; a decode server takes requests in with
+        # :meth:`accept`, each joining its decode group once its KV blocks are free, and tells
+        # ``on_accept(req)`` at that moment.  ``extra_refusal``: a further reason to reject at
+        # admission (the decode pool's).
+        self.on_handover: Callable[[Request, float], None] | None = None
+        self.held: dict[int, Request] = {}
+        self.landed: list[Request] = []
+        self.on_accept: Callable[[Request], None] | None = None
+        self.extra_refusal: Callable[[Request], str] | None = None
 
     @classmethod
     def for_trace(
@@ -307,7 +319,7 @@ class ServingCore:
         blocks = self.kv.blocks_for(total - 1)
         if blocks > self.kv.total:
             return f"needs {blocks} KV blocks at full length, the cache holds {self.kv.total}"
-        return ""
+        return "" if self.extra_refusal is None else self.extra_refusal(req)
 
     def _admit(self, req: Request) -> None:
         self.traffic.arrive(req.arrival, req.prompt_len)
@@ -369,10 +381,12 @@ class ServingCore:
         i, reqs = self.next_arrival, self.requests
         if i < len(reqs) and reqs[i].arrival <= self.now:
             self.admit_arrivals()
+        if self.landed:
+            self._admit_landed()
         while self.decode_block_need() > self.kv.free:
             self._preempt_one()
-        if not self.decode.n and self.queue and not self._can_progress():
-            self._free_for_progress()
+        if not self.decode.n and self.queue and not self._can_progress() and not self.held:
+            self._free_for_progress()  # a prefill server holding handed-over KV waits for it instead
 
     def _can_progress(self) -> bool:
         """Whether the planner could give some queued prompt a token with the free KV blocks."""
@@ -600,6 +614,9 @@ class ServingCore:
             self.book.first_token(req, t)
         if req.generated >= req.output_len:
             self.finish(req, req.computed)
+        elif self.on_handover is not None:  # a prefill server: the KV stays here until taken
+            self.held[req.rid] = req
+            self.on_handover(req, t)
         else:
             self.decode.join(req)
 
@@ -614,6 +631,39 @@ class ServingCore:
         times = req.token_times(self.decode.end)
         self._token_times[req.rid] = times
         self.book.judge(req, times)
+
+    # ---- prefill-decode hand-over (envs/serving/disaggregation.py) ---------------------------
+    def release_held(self, req: Request) -> None:
+        """A prefill server: the decode server has taken ``req``'s KV; free its blocks here."""
+        del self.held[req.rid]
+        self._release(req, req.computed)
+
+    def accept(self, req: Request) -> None:
+        """A decode server: ``req``'s KV (``req.computed`` tokens: the prompt, or prompt and
+        generated tokens after a preemption, the first output token's KV not yet written) has
+        landed; it joins the decode group at the first iteration start where its blocks, the
+        decodes' next blocks and a batch slot are free, in landing order."""
+        self.landed.append(req)
+
+    def _admit_landed(self) -> None:
+        """Move the landed requests that fit, first come first served, into the decode group."""
+        kv, dec, taken = self.kv, self.decode, 0
+        for req in self.landed:
+            blocks = kv.blocks_for(req.computed)
+            # After joining, the decodes' next step needs one more block if its KV fills its blocks.
+            if self.free_slots <= 0 or (
+                blocks + self.decode_block_need() + (req.computed % kv.block_size == 0) > kv.free
+            ):
+                break
+            kv.allocate(blocks)
+            if self.on_accept is not None:
+                self.on_accept(req)
+            req.start_order = self._start_seq
+            self._start_seq += 1
+            dec.join(req)
+            taken += 1
+        if taken:
+            del self.landed[:taken]
 
     def _release(self, req: Request, kv_tokens: int) -> None:
         kv = self.kv

@@ -10,8 +10,10 @@ from typing import Any
 from chunkgym.config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Rule, check, from_mapping
 from envs.serving.core import ServingConfig
 from envs.serving.cost_model import CostModel, RooflineCostModel, roofline_params
+from envs.serving.disaggregation import DisaggregatedFleet
 from envs.serving.engine_overhead import DEFAULT_ENGINE_OVERHEAD
-from envs.serving.fleet import Fleet
+from envs.serving.fleet import Fleet, FleetSpec
+from envs.serving.kv_transfer import LinkSpec, load_link
 from envs.serving.metrics import SLO, SLOSpec, load_slo
 from envs.serving.routing import Router
 from envs.serving.scheduling import Policy
@@ -136,20 +138,87 @@ class ServingSetup:
     ) -> Fleet:
         """``replicas`` simulated servers of this setup, each scheduling with its own ``make_policy()``,
         behind ``router``, serving ``trace``."""
-        servers = [
-            Simulator(
-                trace,
-                self.model,
-                self.hardware,
-                self.cost_model,
-                self.slo,
-                self.config,
-                self.tp,
-                serve_trace=False,
-            )
-            for _ in range(replicas)
-        ]
+        servers = [self._server(trace) for _ in range(replicas)]
         return Fleet(trace, servers, [make_policy() for _ in range(replicas)], router, seed)
+
+    def fleet_for(
+        self,
+        trace: Trace,
+        spec: FleetSpec,
+        make_policy: Callable[[], Policy],
+        router: Router,
+        decode_router: Router | None = None,
+        seed: int = 0,
+        **disaggregation: Any,
+    ) -> Fleet | DisaggregatedFleet:
+        """The fleet ``spec`` names: ``spec.replicas`` colocated servers (:meth:`fleet`, today's
+        fleet, whatever ``decode_router``), or with ``spec.prefill`` > 0 a disaggregated fleet
+        (:meth:`disaggregated_fleet`, which takes ``disaggregation``'s keywords)."""
+        if not spec.disaggregated:
+            return self.fleet(trace, spec.replicas, make_policy, router, seed)
+        if decode_router is None:
+            raise ValueError(f"fleet.prefill={spec.prefill}: a disaggregated fleet needs a decode router")
+        return self.disaggregated_fleet(
+            trace,
+            spec.prefill,
+            spec.decode,
+            make_policy,
+            router,
+            decode_router,
+            spec.link,
+            seed,
+            **disaggregation,
+        )
+
+    def disaggregated_fleet(
+        self,
+        trace: Trace,
+        prefill: int,
+        decode: int,
+        make_policy: Callable[[], Policy],
+        router: Router,
+        decode_router: Router,
+        link: str | LinkSpec = "nvlink",
+        seed: int = 0,
+        decode_setup: ServingSetup | None = None,
+        make_decode_policy: Callable[[], Policy] | None = None,
+        layerwise: bool = False,
+    ) -> DisaggregatedFleet:
+        """``prefill`` simulated prefill servers of this setup behind ``router`` and ``decode`` decode
+        servers of ``decode_setup`` (default: this one; another GPU or cost model per pool) behind
+        ``decode_router``, joined by ``link`` (a ``conf/link`` name or a spec), each server scheduling
+        with its own ``make_policy()`` (the decode pool's: ``make_decode_policy()``, default the same).
+        The requests' SLO bounds are set on admission to a prefill server, from this setup's SLO."""
+        dec = decode_setup or self
+        spec = link if isinstance(link, LinkSpec) else load_link(link)
+        return DisaggregatedFleet(
+            trace,
+            [self._server(trace) for _ in range(prefill)],
+            [dec._server(trace) for _ in range(decode)],
+            [make_policy() for _ in range(prefill)],
+            [(make_decode_policy or make_policy)() for _ in range(decode)],
+            router,
+            decode_router,
+            spec,
+            self.model,
+            self.tp,
+            layerwise,
+            seed,
+            dec.tp,
+        )
+
+    def _server(self, trace: Trace) -> Simulator:
+        """An empty simulated server of this setup (a fleet's router submits its requests)."""
+        return Simulator(
+            trace,
+            self.model,
+            self.hardware,
+            self.cost_model,
+            self.slo,
+            self.config,
+            self.tp,
+            serve_trace=False,
+        )
 
     def simulator(self, trace: Trace, time_scale: float = 1.0) -> Simulator:
         """A simulator serving ``trace``; ``time_scale``: see :class:`~envs.serving.simulator.CostModelClock`."""
