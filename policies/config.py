@@ -270,16 +270,19 @@ RULES: dict[str, Rule] = {
 """Ranges checked before train.py creates its run folder (types are Hydra's)."""
 
 
-def simulated_fleet(fleet: FleetSpec) -> FleetSpec:
-    """The fleet checked for a tool that simulates it: a router preset by name, colocated servers
-    only, and one server as :data:`~envs.serving.fleet.ONE_SERVER` (the router is ignored there, so
-    one-server runs are those made before fleets)."""
-    if fleet.router not in router_names():
-        raise ConfigError(f"fleet.router={fleet.router!r} is not a router; choose one of {router_names()}")
-    if fleet.disaggregated:
+def simulated_fleet(fleet: FleetSpec, roles: bool = False) -> FleetSpec:
+    """The fleet checked for a tool that simulates it: routers preset by name, one server as
+    :data:`~envs.serving.fleet.ONE_SERVER` (the router is ignored there, so one-server runs are those
+    made before fleets), and prefill-decode disaggregation only where the tool simulates it
+    (``roles``)."""
+    for key in ("router", "decode_router"):
+        name = getattr(fleet, key)
+        if name not in router_names():
+            raise ConfigError(f"fleet.{key}={name!r} is not a router; choose one of {router_names()}")
+    if fleet.disaggregated and not roles:
         raise ConfigError(
             f"fleet.prefill={fleet.prefill} fleet.decode={fleet.decode}: prefill-decode disaggregation "
-            "is not simulated by this version; use fleet.replicas"
+            "is not simulated by this tool; use fleet.replicas"
         )
     return fleet if fleet.servers > 1 else ONE_SERVER
 

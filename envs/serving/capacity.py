@@ -109,6 +109,7 @@ class ProbeRun:
     early_stop: bool
     fleet: FleetSpec = ONE_SERVER
     make_router: Callable[[], Router] | None = None  # for fleets of more than one server
+    make_decode_router: Callable[[], Router] | None = None  # for a disaggregated fleet's decode pool
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
@@ -133,9 +134,11 @@ class ProbeRun:
         return Probe(scale, passed, False, decided, len(trace))
 
     def _run_fleet(self, scale: float, trace: Trace) -> Probe:
-        """:meth:`_run` on a fleet of ``fleet.replicas`` servers, its SLO counts summed over them."""
+        """:meth:`_run` on the fleet ``fleet`` names (colocated or disaggregated), its SLO counts
+        summed over its servers."""
         assert self.make_router is not None, "a fleet of more than one server needs a router"
-        fleet = self.setup.fleet(trace, self.fleet.replicas, self.make_policy, self.make_router())
+        decode_router = None if self.make_decode_router is None else self.make_decode_router()
+        fleet = self.setup.fleet_for(trace, self.fleet, self.make_policy, self.make_router(), decode_router)
         if not self.early_stop:
             fleet.set_shortcuts(NO_SHORTCUTS)
         elif self.criterion == "attain90":
@@ -190,6 +193,7 @@ class CapacityQuery:
     whole_split: bool = False
     fleet: FleetSpec = ONE_SERVER
     make_router: Callable[[], Router] | None = None
+    make_decode_router: Callable[[], Router] | None = None
 
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
@@ -225,6 +229,7 @@ def measure_capacity(
     executor: Executor | None = None,
     fleet: FleetSpec = ONE_SERVER,
     make_router: Callable[[], Router] | None = None,
+    make_decode_router: Callable[[], Router] | None = None,
 ) -> Capacity:
     """Search the load scale for ``criterion`` on one window (or the whole split).
 
@@ -232,7 +237,8 @@ def measure_capacity(
     ``parallel > 1`` it must pickle: a registry name in ``functools.partial``, not a lambda).
     ``rps`` is the request rate at the found scale: requests / span of the scaled window.
     ``early_stop`` and ``parallel``: see :func:`measure_capacities`.  ``fleet``: servers behind
-    ``make_router()``'s router, each scheduling with its own ``make_policy()`` (the fleet's capacity).
+    ``make_router()``'s router, each scheduling with its own ``make_policy()`` (the fleet's capacity);
+    a disaggregated ``fleet`` routes its decode pool with ``make_decode_router()``.
     """
     query = CapacityQuery(
         setup,
@@ -246,6 +252,7 @@ def measure_capacity(
         whole_split,
         fleet,
         make_router,
+        make_decode_router,
     )
     return measure_capacities([query], early_stop, parallel, executor)[0]
 
@@ -268,7 +275,8 @@ def measure_capacities(
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     runs = [
-        ProbeRun(q.setup, q.make_policy, q.criterion, early_stop, q.fleet, q.make_router) for q in queries
+        ProbeRun(q.setup, q.make_policy, q.criterion, early_stop, q.fleet, q.make_router, q.make_decode_router)
+        for q in queries
     ]
     if parallel == 1:
         return [q.capacity(*sequential_search(q, run)) for q, run in zip(queries, runs, strict=True)]
