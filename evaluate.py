@@ -50,6 +50,7 @@ from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_mode
 from envs.serving.tenancy import trace_tenants
 from envs.serving.workload import FILE_PREFIX
 from envs.serving.workloads.renewal import check_seed
+from leaderboard.cells import fleet_columns
 from leaderboard.runs import (
     BACKEND,
     REPORT_SPLITS,
@@ -172,6 +173,7 @@ def check_values(conf: EvaluateConfig) -> None:
         raise ValueError(f"split must be one of {', '.join(REPORT_SPLITS)}, got {conf.split!r}")
     if not WINDOW_S.test(conf.window_s):
         raise ValueError(f"window_s must be {WINDOW_S.want}, got {conf.window_s}")
+    simulated_fleet(conf.fleet, roles=True)  # routers by name: a typo fails before the output folder
     check_named(conf)
 
 
@@ -187,7 +189,7 @@ def grid_of(conf: EvaluateConfig) -> Grid:
         conf.model.name, conf.hardware.name, conf.tp, conf.slo, conf.cost_model, conf.serving
     )
     setup.build()  # unknown model or hardware, or a missing cost model, fails here
-    fleet = simulated_fleet(conf.fleet)
+    fleet = simulated_fleet(conf.fleet, roles=True)
     unseeded = {w for w in workloads if w.startswith(FILE_PREFIX) and not cached_workload(w).seeded_arrivals}
     for w in sorted(unseeded) if len(seeds) > 1 else []:
         log.warning("%s is used whole and its arrivals do not depend on the seed: seed %d only", w, seeds[0])
@@ -305,10 +307,7 @@ def measure_capacities(conf: EvaluateConfig, specs: list[RunSpec], path: Path) -
     found = iter(parallel_map(run_capacity, jobs, conf.n_jobs, "capacity", conf.progress, conf.backend))
     rows = []
     for s in bases:
-        row = {"policy": s.policy, "workload": s.workload, "seed": s.seed}
-        row.update(
-            fleet_replicas=s.fleet.replicas, fleet_router=s.fleet.router if s.fleet.servers > 1 else ""
-        )
+        row = {"policy": s.policy, "workload": s.workload, "seed": s.seed, **fleet_columns(s.fleet)}
         for criterion in CRITERIA:
             row[f"capacity_{criterion}_scale"], row[f"capacity_{criterion}_rps"] = (
                 next(found) if criterion in searched else (math.nan, math.nan)

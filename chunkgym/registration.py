@@ -3,7 +3,8 @@
 Entry points are strings, so registering imports nothing of ``envs``: ``import chunkgym``
 (or ``import envs``) is enough for ``gym.make``, without an import cycle between the two.
 The version history of v0-v4 and v6 is in :mod:`envs.chunked_prefill`'s docstring, v5's (the routing env)
-in :mod:`envs.fleet_routing`'s.
+in :mod:`envs.fleet_routing`'s, v7's (the prefill pool of a disaggregated fleet) in
+:mod:`envs.disaggregated_prefill`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ ENV_ID_V5 = "chunkgym/ChunkedPrefill-v5"
 """The routing env: one step per arrival, the server it goes to as the action (a fleet's router)."""
 ENV_ID_V6 = "chunkgym/ChunkedPrefill-v6"
 """v4 for many tenants and SLO classes: who waits in the observation, the class-weighted reward."""
+ENV_ID_V7 = "chunkgym/ChunkedPrefill-v7"
+"""v4 on the prefill pool of a disaggregated fleet: the agent plans the prefill servers' iterations."""
 ENV_ID = ENV_ID_V4
 """The newest scheduling version: the default of train.py, the leaderboard and the benchmarks."""
 
@@ -48,5 +51,18 @@ if ENV_ID_V5 not in gymnasium.registry:
         entry_point="envs.fleet_routing:FleetRoutingEnv",
         # The servers' policies by name: the registry of the policies layer, named, not imported.
         kwargs={"policy_factory": "policies.registry:make_policy"},
+        additional_wrappers=(_ACTION_MASKS,),
+    )
+
+if ENV_ID_V7 not in gymnasium.registry:
+    gymnasium.register(
+        id=ENV_ID_V7,
+        entry_point="envs.disaggregated_prefill:DisaggregatedPrefillEnv",
+        # The decode pool's policy and the routers by name, from the layers that own them.
+        kwargs={
+            "version": 7,
+            "policy_factory": "policies.registry:make_policy",
+            "router_factory": "baselines.routers:make_router",
+        },
         additional_wrappers=(_ACTION_MASKS,),
     )

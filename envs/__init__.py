@@ -9,7 +9,9 @@ targets, so every mixed-batch heuristic is a constant action) and ``chunkgym/Chu
 with features of the recent traffic: prompt and output lengths); the module's docstring has the version history.
 ``chunkgym/ChunkedPrefill-v5`` is another class, :class:`envs.fleet_routing.FleetRoutingEnv`: the agent routes
 each arrival to one server of a fleet.  ``chunkgym/ChunkedPrefill-v6`` is v4 for many tenants and SLO
-classes (who waits in the observation, the class-weighted reward).  :data:`ENV_ID` is the newest, the default everywhere.
+classes (who waits in the observation, the class-weighted reward).  ``chunkgym/ChunkedPrefill-v7`` is v4 on
+the prefill pool of a prefill-decode disaggregated fleet (:class:`envs.disaggregated_prefill.DisaggregatedPrefillEnv`).
+:data:`ENV_ID` (v4) is the default everywhere.
 """
 
 from pathlib import Path
@@ -34,6 +36,7 @@ from chunkgym.registration import (  # noqa: E402  (registers the envs)
     ENV_ID_V4,
     ENV_ID_V5,
     ENV_ID_V6,
+    ENV_ID_V7,
 )
 
 __all__ = [
@@ -45,4 +48,5 @@ __all__ = [
     "ENV_ID_V4",
     "ENV_ID_V5",
     "ENV_ID_V6",
+    "ENV_ID_V7",
 ]

@@ -153,6 +153,7 @@ from envs.serving.setup import DEFAULT_HARDWARE, DEFAULT_MODEL, ServingSetup
 from envs.serving.simulator import Simulator
 from envs.serving.specs import HardwareSpec, ModelSpec, load_hardware, load_model
 from envs.serving.workload import Workload, load_workload
+from envs.serving.workloads.trace import Trace
 
 TRAIN_WORKLOADS = ("azure_conv", "azure_code", "mooncake_conv", "sharegpt_poisson")
 MIX_WORKLOADS = ("mix_chat_batch", "mix_agent")
@@ -195,6 +196,7 @@ class EnvVersion:
     score: Callable[[ServingCore], float]  # cumulative unscaled reward; a step pays its increase
     decision_steps: bool  # True: iterations with a forced action run without asking the agent
     workloads: tuple[str, ...]  # the default of the ``workloads`` argument
+    disaggregated: bool = False  # True: the agent plans a disaggregated fleet's prefill servers
 
     def observe(self, view: ServingView) -> tuple[np.ndarray, Any, np.ndarray]:
         """The observation, valid actions and mask of ``view``'s state, from one lookahead scan: how
@@ -213,6 +215,11 @@ VERSIONS: dict[int, EnvVersion] = {
     # 5 is the routing env, another class (envs.fleet_routing).
     6: EnvVersion(
         6, features_v6, FEATURE_NAMES_V6, ACTIONS_V3, weighted_score_at_first_token, True, MIX_WORKLOADS
+    ),
+    # 7 plans a disaggregated fleet's prefill pool with v4's observation, actions and reward, so one
+    # policy runs on either route (envs.disaggregated_prefill).
+    7: EnvVersion(
+        7, features_v4, FEATURE_NAMES_V4, ACTIONS_V3, score_at_first_token, True, TRAIN_WORKLOADS, True
     ),
 }
 DEFAULT_VERSION = 4
@@ -247,6 +254,8 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 30}
+    drives_fleet = False
+    """Whether this class serves the versions whose :attr:`EnvVersion.disaggregated` is set."""
 
     def __init__(
         self,
@@ -270,8 +279,17 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         render_mode: str | None = None,
         workload: str | Workload | None = None,
     ) -> None:
-        if version not in VERSIONS:
-            raise ValueError(f"version must be one of {sorted(VERSIONS)}, got {version!r}")
+        versions = sorted(v for v, data in VERSIONS.items() if data.disaggregated == self.drives_fleet)
+        if version not in versions:
+            fleet = version in VERSIONS and VERSIONS[version].disaggregated
+            raise ValueError(
+                f"version must be one of {versions}, got {version!r}"
+                + (
+                    f" (it plans a disaggregated fleet: gym.make('chunkgym/ChunkedPrefill-v{version}', fleet=...))"
+                    if fleet
+                    else ""
+                )
+            )
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
@@ -332,40 +350,16 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        self._episodes += 1
-        rng = (
-            self.np_random
-            if self.input_seed is None
-            else np.random.default_rng([self.input_seed, self._episodes])
-        )
-        for _ in range(16):  # a bursty trace can leave a window empty: draw another
-            workload = (
-                self.workloads[int(rng.integers(len(self.workloads)))]
-                if len(self.workloads) > 1
-                else self.workloads[0]
-            )
-            lo, hi = self.load_ranges[workload.spec.name]
-            load = float(rng.uniform(lo, hi)) if lo < hi else lo
-            window_s = (
-                self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
-            )
-            trace = workload.window(self.split, int(rng.integers(2**31)), load, window_s)
-            if len(trace):
-                break
-        else:
-            raise RuntimeError(
-                f"16 windows in a row of {[w.spec.name for w in self.workloads]} ({self.split}) were empty"
-            )
-        self.workload, self.load = workload, load
-        self.sim = self.setup.simulator(trace)
+        trace = self._draw_trace()
+        self.sim = self._serve(trace)
         self._advance()
         self._steps = 0
         self._score = 0
         obs = self._observe()
         info = {
             "requests": len(trace),
-            "load_scale": load,
-            "workload": workload.spec.name,
+            "load_scale": self.load,
+            "workload": self.workload.spec.name,
             "now": self.sim.core.now,
             "action_mask": self._mask,
         }
@@ -416,6 +410,40 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
         if self.render_mode == "ansi":
             return ansi_line(self.sim)
         return timeline_image(self.sim.log)
+
+    # ---- episodes ------------------------------------------------------------------------
+    def _draw_trace(self) -> Trace:
+        """The next episode's window (see Starting State); sets :attr:`workload` and :attr:`load`."""
+        self._episodes += 1
+        rng = (
+            self.np_random
+            if self.input_seed is None
+            else np.random.default_rng([self.input_seed, self._episodes])
+        )
+        for _ in range(16):  # a bursty trace can leave a window empty: draw another
+            workload = (
+                self.workloads[int(rng.integers(len(self.workloads)))]
+                if len(self.workloads) > 1
+                else self.workloads[0]
+            )
+            lo, hi = self.load_ranges[workload.spec.name]
+            load = float(rng.uniform(lo, hi)) if lo < hi else lo
+            window_s = (
+                self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
+            )
+            trace = workload.window(self.split, int(rng.integers(2**31)), load, window_s)
+            if len(trace):
+                break
+        else:
+            raise RuntimeError(
+                f"16 windows in a row of {[w.spec.name for w in self.workloads]} ({self.split}) were empty"
+            )
+        self.workload, self.load = workload, load
+        return trace
+
+    def _serve(self, trace: Trace) -> Simulator:
+        """Start serving ``trace``; the server whose iterations the agent plans: a fresh one."""
+        return self.setup.simulator(trace)
 
     # ---- stepping ------------------------------------------------------------------------
     def _advance(self) -> bool:

@@ -27,20 +27,26 @@ import numpy as np
 from baselines.routers import router_names
 from chunkgym.config import LOAD_SCALE, SEED, Rule
 from envs.serving.cost_model import COST_DIR
-from envs.serving.fleet import MAX_SERVERS
+from envs.serving.fleet import LINKS, MAX_SERVERS, ONE_SERVER, FleetSpec
 from envs.serving.setup import split_cost_model
 from envs.serving.specs import hardware_names, model_names
 from envs.serving.workload import FILE_PREFIX, workload_names
 
 FLEET_REPLICAS = Rule(lambda v: 1 <= v <= MAX_SERVERS, f"an integer in 1..{MAX_SERVERS}")
+FLEET_POOL = Rule(lambda v: 0 <= v <= MAX_SERVERS, f"an integer in 0..{MAX_SERVERS}")
 COST_NAMES = ("calibrated", "roofline")
 LENGTH_SCALED = re.compile(r".+/len[0-9.e+-]+")
 """An engine replay's workload label, ``<workload>/len<length_scale>`` (engine/replay.py)."""
 """Cost models by name; anything else is a coefficient file's path."""
-ROW_KEY = ("backend", "policy", "workload", "load_scale", "seed", "fleet_replicas", "fleet_router")
+FLEET_KEY = (
+    "fleet_replicas", "fleet_router", "fleet_prefill", "fleet_decode", "fleet_link", "fleet_decode_router",
+    "fleet_layerwise",
+)  # fmt: skip
+"""A row's fleet (:func:`fleet_columns`): colocated replicas behind a router, or prefill and decode pools."""
+ROW_KEY = ("backend", "policy", "workload", "load_scale", "seed", *FLEET_KEY)
 """What makes a row one run: the board pools rows that share a key, so a results file holds each once.
 A row without the fleet columns (a file made before fleets) is one server; at one server the router
-is ignored, and keyed as none."""
+is ignored, and keyed as none; a row without the pool columns (made before disaggregation) is colocated."""
 SHOWN_CHARS = 80
 SHOWN_PLACES = 3
 
@@ -194,18 +200,87 @@ def row_key(row: Mapping[Any, Any]) -> tuple[Any, ...]:
     )
 
 
-def fleet_key(row: Mapping[Any, Any]) -> tuple[int, str]:
-    """The row's ``(fleet_replicas, fleet_router)``, checked: (1, "") without the columns or at one server."""
-    replicas = row.get("fleet_replicas")
-    if replicas in (None, "") or (isinstance(replicas, float) and math.isnan(replicas)):
-        return 1, ""
-    n = check_number("fleet_replicas", replicas, FLEET_REPLICAS, integer=True)
-    if n == 1:
-        return 1, ""
-    router = row.get("fleet_router")
+def fleet_key(row: Mapping[Any, Any]) -> tuple[Any, ...]:
+    """The row's :data:`FLEET_KEY` values, checked (:func:`row_fleet`), as :func:`fleet_columns` writes them."""
+    return tuple(fleet_columns(row_fleet(row)).values())
+
+
+def fleet_columns(fleet: FleetSpec) -> dict[str, Any]:
+    """The :data:`FLEET_KEY` cells of a row served by ``fleet``: one server as :data:`ONE_SERVER` (no
+    router), and the pools' cells (0 servers, empty names) on a colocated row, so a row made before
+    fleets or before disaggregation reads back as the run it was."""
+    if fleet.servers == 1:
+        fleet = ONE_SERVER
+    pools = fleet.disaggregated
+    return {
+        "fleet_replicas": fleet.replicas,
+        "fleet_router": fleet.router if fleet.servers > 1 else "",
+        "fleet_prefill": fleet.prefill,
+        "fleet_decode": fleet.decode,
+        "fleet_link": fleet.link if pools else "",
+        "fleet_decode_router": fleet.decode_router if pools else "",
+        "fleet_layerwise": fleet.layerwise if pools else "",
+    }
+
+
+def row_fleet(row: Mapping[Any, Any]) -> FleetSpec:
+    """The fleet a row was served by, each fleet cell checked (:data:`ONE_SERVER` without them)."""
+    prefill = _count(row, "fleet_prefill", FLEET_POOL)
+    if prefill:
+        replicas = _count(row, "fleet_replicas", FLEET_REPLICAS) or 1
+        router, decode = _router(row, "fleet_router"), _count(row, "fleet_decode", FLEET_POOL)
+        link = _named(row, "fleet_link", "link", LINKS)
+        decode_router, layerwise = _router(row, "fleet_decode_router"), _flag(row, "fleet_layerwise")
+        try:
+            return FleetSpec(replicas, router, prefill, decode, link, decode_router, layerwise)
+        except ValueError as exc:  # a shape no fleet has (fleet.decode=0 beside fleet.prefill=1)
+            raise ValueError(f"fleet columns: {exc}") from None
+    n = _count(row, "fleet_replicas", FLEET_REPLICAS)
+    if n <= 1:
+        return ONE_SERVER
+    return FleetSpec(replicas=n, router=_router(row, "fleet_router"))
+
+
+def _count(row: Mapping[Any, Any], column: str, rule: Rule) -> int:
+    """A server count cell; 0 when the row has none (a file made before the column)."""
+    value = row.get(column)
+    if value in (None, "") or (isinstance(value, float) and math.isnan(value)):
+        return 0
+    count: int = check_number(column, value, rule, integer=True)
+    return count
+
+
+def _router(row: Mapping[Any, Any], column: str) -> str:
+    router = row.get(column)
     if router not in router_names():
-        raise ValueError(f"column fleet_router: {shown(router)} is not one of {', '.join(router_names())}")
-    return n, str(router)
+        raise ValueError(f"column {column}: {shown(router)} is not one of {', '.join(router_names())}")
+    return str(router)
+
+
+def _named(row: Mapping[Any, Any], column: str, kind: str, names: Sequence[str]) -> str:
+    try:
+        return check_named(row.get(column), kind, names)
+    except ValueError as exc:
+        raise ValueError(f"column {column}: {exc}") from None
+
+
+def _flag(row: Mapping[Any, Any], column: str) -> bool:
+    """A true/false cell as CSV (``True``), JSON (``true``) or pandas (a numpy bool) gives it back."""
+    value = row.get(column)
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"column {column}: {shown(value)} is not true or false")
+
+
+def fleet_label(fleet: FleetSpec) -> str:
+    """How messages and the board name a fleet: ``x8 prefix_affinity``, ``2P1D eth_25g
+    round_robin/least_requests`` (``layerwise`` added where it streams); empty for one server."""
+    if fleet.disaggregated:
+        streams = " layerwise" if fleet.layerwise else ""
+        return f"{fleet.prefill}P{fleet.decode}D {fleet.link}{streams} {fleet.router}/{fleet.decode_router}"
+    return f"x{fleet.replicas} {fleet.router}" if fleet.servers > 1 else ""
 
 
 def check_unique(keys: Sequence[tuple[tuple[Any, ...], str]], columns: Sequence[str] = ROW_KEY) -> None:

@@ -34,6 +34,7 @@ from envs.serving.specs import load_hardware, load_model
 from envs.serving.tenancy import class_weights, fairness_summary, group_rows, trace_classes, trace_tenants
 from envs.serving.workload import FILE_PREFIX, Trace, Workload, WorkloadSpec, load_workload
 from leaderboard.cells import (
+    FLEET_KEY,
     NO_PATHS,
     AllowedPaths,
     as_float,
@@ -42,7 +43,9 @@ from leaderboard.cells import (
     check_model,
     check_number,
     check_workload,
-    fleet_key,
+    fleet_columns,
+    fleet_label,
+    row_fleet,
     shown,
 )
 from policies.registry import check_policy_name, make_policy, policy_env_id, preset_path
@@ -51,8 +54,16 @@ BACKEND = "sim"
 TEST_SPLIT = "test"
 REPORT_SPLITS = ("test", "val")
 """The splits evaluate.py may run on: test to report, val to select (train is the learner's)."""
-FLEET_COLUMNS = ("fleet_replicas", "fleet_router", "load_imbalance", "goodput_per_gpu")
-"""Columns of the fleet a row was served by (rows made before fleets lack them: one server)."""
+TRANSFER_COLUMNS = (
+    "handovers", "kv_transfer_s_mean", "decode_admission_wait_s_mean", "ttft_transfer_share",
+    "first_decode_gap_transfer_share",
+)  # fmt: skip
+"""A disaggregated fleet's KV hand-over metrics (:meth:`DisaggregatedFleet.result`); NaN on other rows."""
+POOL_SIZES = ("prefill_servers", "decode_servers")
+"""A disaggregated fleet's metrics that the row's ``fleet_prefill`` and ``fleet_decode`` already hold."""
+FLEET_COLUMNS = (*FLEET_KEY, "load_imbalance", "goodput_per_gpu", *TRANSFER_COLUMNS)
+"""Columns of the fleet a row was served by (rows made before fleets, or before disaggregation, lack
+some: one server, colocated)."""
 TBT_PROBS = np.concatenate([np.linspace(0.0, 0.9, 91), 1.0 - np.logspace(-1, -5, 81)[1:], [1.0]])
 """Probabilities at which a row keeps its pooled token-gap quantiles (dense in the tail) for the CDF plot."""
 
@@ -134,7 +145,7 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        on = f" x{self.fleet.replicas} behind {self.fleet.router}" if self.fleet.servers > 1 else ""
+        on = f" {fleet_label(self.fleet)}" if self.fleet.servers > 1 else ""
         return f"{self.policy}{on} on {self.workload} at load {self.load_scale:g}, seed {self.seed}"
 
     def effective_window_s(self) -> float:
@@ -155,7 +166,7 @@ class RunSpec:
         built = self.setup.build()
         policy_conf = preset_path(self.policy)
         # A fleet of one server is the single-server run: its hash stays that of the rows made before fleets.
-        fleet = {"fleet": dataclasses.asdict(self.fleet)} if self.fleet.servers > 1 else {}
+        fleet = {"fleet": _fleet_fields(self.fleet)} if self.fleet.servers > 1 else {}
         return config_hash(
             {
                 **fleet,
@@ -226,7 +237,6 @@ class RunSpec:
         data_split = TEST_SPLIT if split == "all" else split
         if data_split not in REPORT_SPLITS:
             raise ValueError(f"column split: {shown(split)} is not one of {', '.join(REPORT_SPLITS)}, all")
-        replicas, router = fleet_key(row)
         return cls(
             policy,
             named("workload", functools.partial(check_workload, allowed=allowed)),
@@ -235,13 +245,13 @@ class RunSpec:
             setup,
             window,
             data_split,
-            FleetSpec(replicas=replicas, router=router or ONE_SERVER.router),
+            row_fleet(row),
         )
 
     @property
     def key(self) -> tuple[Any, ...]:
         """The row's :data:`~leaderboard.cells.ROW_KEY`."""
-        fleet = (self.fleet.replicas, self.fleet.router) if self.fleet.servers > 1 else (1, "")
+        fleet = fleet_columns(self.fleet).values()
         return (BACKEND, self.policy, self.workload, self.load_scale, self.seed, *fleet)
 
 
@@ -251,6 +261,15 @@ def _spec_fields(spec: WorkloadSpec) -> dict[str, Any]:
     fields = dataclasses.asdict(spec)
     if not fields["tenants"]:
         del fields["tenants"]
+    return fields
+
+
+def _fleet_fields(fleet: FleetSpec) -> dict[str, Any]:
+    """A fleet's fields for the hash; a fleet that does not stream KV layer by layer hashes as it did
+    before ``layerwise`` existed (its rows' ``config_hash`` stays, so ``validate=`` passes on them)."""
+    fields = dataclasses.asdict(fleet)
+    if not fields["layerwise"]:
+        del fields["layerwise"]
     return fields
 
 
@@ -275,13 +294,15 @@ class RowResult:
 
 
 def simulate(spec: RunSpec) -> tuple[Trace, SimResult]:
-    """Run ``spec``'s policy (a fresh one) on its trace."""
+    """Run ``spec``'s policy (a fresh one) on its trace: on one server, or on every server of its
+    fleet (both pools of a disaggregated one: decode servers only ever see decodes)."""
     trace = spec.trace()
     setup = spec.setup.build()
     if spec.fleet.servers > 1:
         policy = functools.partial(make_policy, spec.policy)
-        return trace, setup.fleet(
-            trace, spec.fleet.replicas, policy, make_router(spec.fleet.router), spec.seed
+        decode_router = make_router(spec.fleet.decode_router) if spec.fleet.disaggregated else None
+        return trace, setup.fleet_for(
+            trace, spec.fleet, policy, make_router(spec.fleet.router), decode_router, spec.seed
         ).run()
     return trace, setup.simulator(trace).run(make_policy(spec.policy))
 
@@ -321,11 +342,11 @@ def result_row(spec: RunSpec, trace: Trace, result: SimResult, backend: str = BA
         "source": trace.source,
         "offset_s": trace.offset_s,
         "span_s": trace.span_s,
-        **result.metrics,
-        "fleet_replicas": spec.fleet.replicas,
-        "fleet_router": spec.fleet.router if spec.fleet.servers > 1 else "",
+        **{k: v for k, v in result.metrics.items() if k not in POOL_SIZES and k not in TRANSFER_COLUMNS},
+        **fleet_columns(spec.fleet),
         "load_imbalance": result.metrics.get("load_imbalance", 1.0),
         "goodput_per_gpu": result.metrics["goodput_rps"] / (spec.fleet.servers * spec.setup.tp),
+        **{c: result.metrics.get(c, math.nan) for c in TRANSFER_COLUMNS},
         **fairness_summary(result.outcomes, tenants, token_times, trace.span_s, class_weights(trace)),
         "slo_tpot_s": setup.slo.tpot_s,
         "slo_stall_s": setup.slo.stall_s,
@@ -374,5 +395,8 @@ def run_capacity(job: CapacityJob) -> tuple[float, float]:
         early_stop=job.early_stop,
         fleet=s.fleet,
         make_router=functools.partial(make_router, s.fleet.router),
+        make_decode_router=functools.partial(make_router, s.fleet.decode_router)
+        if s.fleet.disaggregated
+        else None,
     )
     return capacity.scale, capacity.rps

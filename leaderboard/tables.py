@@ -22,7 +22,18 @@ import pandas as pd
 
 from chunkgym.config import SEED, TP
 from chunkgym.received import MiB, ReceivedFileError, parse_json, read_text
-from leaderboard.cells import as_float, check_number, check_unique, check_workload, fleet_key, row_key, shown
+from leaderboard.cells import (
+    FLEET_KEY,
+    as_float,
+    check_number,
+    check_unique,
+    check_workload,
+    fleet_key,
+    fleet_label,
+    row_fleet,
+    row_key,
+    shown,
+)
 from policies.registry import check_policy_name
 
 SARATHI_PREFIX = "sarathi_"
@@ -37,7 +48,9 @@ BOARD_COLUMNS = (
     "goodput_rps", *MEAN_COLUMNS,
 )  # fmt: skip
 """Columns ``results=`` reads from every row."""
-CAPACITY_KEY = ("policy", "workload", "seed", "fleet_replicas", "fleet_router")
+PER_GPU = "goodput_per_gpu"
+"""Read where a row has it (rows made before fleets lack it); the board shows it for fleets."""
+CAPACITY_KEY = ("policy", "workload", "seed", *FLEET_KEY)
 """What makes a capacity row one search (without the fleet columns: one server)."""
 MARKDOWN_SPECIAL = re.compile(r"[\\`|<>&()]")
 """Characters that would end a table cell, start code, HTML or a link in a rendered value."""
@@ -178,7 +191,8 @@ def _frame(path: str) -> pd.DataFrame:
     if path.endswith(".json"):
         return pd.DataFrame(_json_rows(text, path))
     try:
-        return pd.read_csv(io.StringIO(text))
+        # fleet_layerwise as text: pooled with a file whose cells are empty, pandas would make it 0.0/1.0
+        return pd.read_csv(io.StringIO(text), dtype={"fleet_layerwise": str})
     except (ValueError, csv.Error) as exc:  # pandas' ParserError and EmptyDataError are ValueErrors
         raise ReceivedFileError(
             f"{path}: not readable as CSV ({str(exc).strip().splitlines()[0][:200]})"
@@ -191,7 +205,7 @@ def _board_key(row: Mapping[Any, Any]) -> tuple[Any, ...]:
     for column in ("backend", *TEXT_COLUMNS):
         if not isinstance(row[column], str) or not row[column]:
             raise ValueError(f"column {column}: {shown(row[column])} is not text")
-    for column in ("goodput_rps", *MEAN_COLUMNS):
+    for column in ("goodput_rps", *MEAN_COLUMNS, *([PER_GPU] if PER_GPU in row else [])):
         number = as_float(row[column])
         if number is None or math.isinf(number):
             raise ValueError(f"column {column}: {shown(row[column])} is not a finite number or empty")
@@ -218,7 +232,8 @@ def ranking(results: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, load_scale): policies ranked by mean goodput over seeds.
 
     Columns: workload, load_scale, rank, policy, seeds, goodput_mean, goodput_ci95 (half-width),
-    means of slo_attainment, ttft_p99_s, tbt_p99_s, max_tbt_s, and vs_best_sarathi: the mean
+    means of slo_attainment, ttft_p99_s, tbt_p99_s, max_tbt_s (and of goodput_per_gpu where the rows
+    have it), and vs_best_sarathi: the mean
     goodput over the best ``sarathi_*`` policy's mean goodput in the same group and backend (a real
     engine run is compared with real Sarathi runs, not simulated ones; NaN without one).
     """
@@ -238,6 +253,7 @@ def ranking(results: pd.DataFrame) -> pd.DataFrame:
                     "goodput_mean": mean,
                     "goodput_ci95": half,
                     **{f"{c}_mean": float(g[c].mean()) for c in MEAN_COLUMNS},
+                    **({f"{PER_GPU}_mean": float(g[PER_GPU].astype(float).mean())} if PER_GPU in g else {}),
                 }
             )
         best: dict[str, float] = {}
@@ -254,13 +270,16 @@ def ranking(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_fleet_labels(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with each fleet row's policy shown with its fleet (``sarathi_512 x8 prefix_affinity``),
-    so rows of one policy behind different routers rank as different entries; one-server rows (and
-    files made before fleets) as they are."""
+    """``frame`` with each fleet row's policy shown with its fleet (``sarathi_512 x8 prefix_affinity``,
+    ``sarathi_512 1P1D eth_25g round_robin/least_requests``: :func:`~leaderboard.cells.fleet_label`),
+    so rows of one policy on different fleets rank as different entries; one-server rows (and files
+    made before fleets) as they are."""
     if "fleet_replicas" not in frame.columns:
         return frame
-    keys = [fleet_key(row) for row in frame.to_dict("records")]
-    labels = [p if n == 1 else f"{p} x{n} {r}" for p, (n, r) in zip(frame["policy"], keys, strict=True)]
+    fleets = [row_fleet(row) for row in frame.to_dict("records")]
+    labels = [
+        f"{p} {fleet_label(f)}" if f.servers > 1 else p for p, f in zip(frame["policy"], fleets, strict=True)
+    ]
     return frame.assign(policy=labels)
 
 
@@ -279,8 +298,10 @@ def capacity_summary(capacity: pd.DataFrame) -> pd.DataFrame:
 
 # ---- Markdown ------------------------------------------------------------------------------
 def markdown(results: pd.DataFrame, ranked: pd.DataFrame, capacity: pd.DataFrame | None = None) -> str:
-    """The leaderboard: a setup line, then one ranked table per workload and load scale."""
+    """The leaderboard: a setup line, then one ranked table per workload and load scale (with goodput
+    per GPU where a row ran on more than one server: at one server it is only goodput over tp)."""
     first = results.iloc[0]
+    per_gpu = f"{PER_GPU}_mean" in ranked.columns and _has_fleets(results)
     seeds = sorted(results["seed"].unique())
     lines = [
         "# chunkgym leaderboard",
@@ -292,7 +313,12 @@ def markdown(results: pd.DataFrame, ranked: pd.DataFrame, capacity: pd.DataFrame
         "",
         "Goodput: requests meeting their SLO per second of the window's arrivals, mean over seeds "
         "± the 95% confidence half-width (Student's t). *vs best sarathi*: mean goodput over the "
-        "mean goodput of the best `sarathi_*` policy on the same workload and load.",
+        "mean goodput of the best `sarathi_*` policy on the same workload and load."
+        + (
+            " *Goodput/GPU*: goodput over the GPUs serving it (servers x tp), mean over seeds."
+            if per_gpu
+            else ""
+        ),
     ]
     for (wl, load), group in ranked.groupby(["workload", "load_scale"], sort=False):
         split = results.loc[results["workload"] == wl, "split"].iloc[0]
@@ -300,19 +326,28 @@ def markdown(results: pd.DataFrame, ranked: pd.DataFrame, capacity: pd.DataFrame
             "",
             f"## {_text(wl)} ({_text(split)} split), load {load:g}x",
             "",
-            "| rank | policy | goodput (req/s) | SLO attainment | TTFT p99 (s) | TBT p99 (s) "
-            "| max TBT (s) | vs best sarathi |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| rank | policy | goodput (req/s) | "
+            + ("goodput/GPU (req/s) | " if per_gpu else "")
+            + "SLO attainment | TTFT p99 (s) | TBT p99 (s) | max TBT (s) | vs best sarathi |",
+            "|---:|---|---:|" + ("---:|" if per_gpu else "") + "---:|---:|---:|---:|---:|",
         ]
         for r in group.itertuples():
+            gpu = f"{_num(getattr(r, f'{PER_GPU}_mean'))} | " if per_gpu else ""
             lines.append(
-                f"| {r.rank} | {_text(r.policy)} | {_pm(r.goodput_mean, r.goodput_ci95)} | "
+                f"| {r.rank} | {_text(r.policy)} | {_pm(r.goodput_mean, r.goodput_ci95)} | {gpu}"
                 f"{_num(r.slo_attainment_mean, '.3f')} | {_num(r.ttft_p99_s_mean)} | {_num(r.tbt_p99_s_mean)} | "
                 f"{_num(r.max_tbt_s_mean)} | {_num(r.vs_best_sarathi, '.2f')} |"
             )
     if capacity is not None and len(capacity):
         lines += _capacity_markdown(capacity_summary(capacity))
     return "\n".join(lines) + "\n"
+
+
+def _has_fleets(results: pd.DataFrame) -> bool:
+    """Whether a row ran on more than one server (colocated or in pools)."""
+    if "fleet_replicas" not in results.columns:
+        return False
+    return any(row_fleet(row).servers > 1 for row in results.to_dict("records"))
 
 
 def _capacity_markdown(summary: pd.DataFrame) -> list[str]:

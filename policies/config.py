@@ -32,7 +32,7 @@ from chunkgym.config import (
     schema,
     to_object,
 )
-from chunkgym.registration import ENV_ID_V5
+from chunkgym.registration import ENV_ID_V5, ENV_ID_V7
 from chunkgym.tracking import LoggerConfig
 from envs.actions import NUM_LEVELS
 from envs.serving.core import ServingConfig
@@ -288,13 +288,21 @@ def simulated_fleet(fleet: FleetSpec, roles: bool = False) -> FleetSpec:
 
 
 def check_fleet(cfg: TrainConfig) -> None:
-    """The fleet the run's env takes: the routing env (v5) routes among >= 2 servers; a budget env
-    (v0-v4) schedules one server, so a fleet there is refused before any work."""
-    fleet = simulated_fleet(cfg.fleet)
+    """The fleet the run's env takes: the routing env (v5) routes among >= 2 servers; v7 plans the
+    prefill pool of a disaggregated fleet, so it needs one; the other budget envs (v0-v4, v6) schedule
+    one server, so a fleet there is refused before any work."""
+    v7 = cfg.env.id == ENV_ID_V7
+    fleet = simulated_fleet(cfg.fleet, roles=v7)
     if cfg.env.id == ENV_ID_V5:
         if fleet.servers < 2:
             raise ConfigError(
                 f"fleet.replicas={cfg.fleet.replicas}: the routing env ({ENV_ID_V5}) needs >= 2"
+            )
+    elif v7:
+        if not fleet.disaggregated:
+            raise ConfigError(
+                f"fleet.prefill={cfg.fleet.prefill}: env.id={ENV_ID_V7} plans the prefill pool of a "
+                "disaggregated fleet; set fleet.prefill >= 1 and fleet.decode >= 1"
             )
     elif fleet.servers > 1:
         raise ConfigError(
@@ -304,11 +312,14 @@ def check_fleet(cfg: TrainConfig) -> None:
 
 
 def run_config(dcfg: DictConfig, cfg: TrainConfig) -> dict[str, Any]:
-    """The config a run records (config.yaml, its hash): :func:`plain`, a one-server fleet left out,
-    so that runs and run folders made before fleets keep their hash and resume."""
+    """The config a run records (config.yaml, its hash): :func:`plain`, a one-server fleet left out
+    and ``fleet.layerwise`` left out while false, so that runs and run folders made before fleets
+    (or before layer-wise KV streaming) keep their hash and resume."""
     config = plain(dcfg)
     if cfg.fleet.servers == 1:
         config.pop("fleet", None)
+    elif not cfg.fleet.layerwise:
+        config["fleet"].pop("layerwise", None)
     return config
 
 

@@ -44,18 +44,22 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 from torch import nn
 
+from baselines.routers import make_router
 from chunkgym.cli import InputExit
 from chunkgym.io import append_line, atomic_write_text
 from chunkgym.received import ReceivedFileError, load_yaml, parse_json, read_text, write_target
 from envs import ENV_ID_V1
 from envs.chunked_prefill import version_of
+from envs.disaggregated_prefill import DECODE_POLICY
 from envs.features import FEATURES_V6
+from envs.serving.loop import SimResult
 from envs.serving.metrics import SLOSpec, load_slo
 from envs.serving.scheduling import Policy
 from envs.serving.setup import ServingSetup
 from envs.serving.tenancy import class_weights
 from envs.serving.workload import Workload
 from envs.serving.workloads.trace import Trace
+from policies import registry
 from policies.checkpoint import (
     CheckpointError,
     NormStats,
@@ -115,7 +119,7 @@ def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> di
 
     v1 and newer draw each episode's workload from ``workload`` plus ``env.workloads``; with
     ``env.common_inputs`` every env replays the same inputs per episode index, from a
-    seed that moves on when a run resumes at ``start_steps``.
+    seed that moves on when a run resumes at ``start_steps``.  v7 serves the run's ``fleet``.
     """
     e = cfg.env
     version = version_of(e.id)  # fails early, naming the registered envs, on an unknown id
@@ -144,6 +148,7 @@ def env_kwargs(cfg: TrainConfig, workload: Workload, start_steps: int = 0) -> di
         "max_steps": cfg.env.max_steps,
         "reward_scale": cfg.env.reward_scale,
         "serving": dataclasses.asdict(cfg.serving),
+        **({"fleet": cfg.fleet} if version.disaggregated else {}),  # v7: whose prefill pool it plans
     }
 
 
@@ -235,6 +240,7 @@ class ValWindows:
         if e.select_by not in EVAL_METRICS:
             raise ValueError(f"eval.select_by must be one of {EVAL_METRICS}, got {e.select_by!r}")
         self.setups = [setup, *(serving_setup(cfg, slo) for slo in training_slos(cfg)[1:])]
+        self.fleet = cfg.fleet if version_of(cfg.env.id).disaggregated else None  # v7: on its prefill pool
         self.traces: list[Trace] = []
         for w in [workload, *(Workload.from_name(name, cfg.data_root) for name in e.workloads)]:
             for seed in e.seeds:
@@ -250,7 +256,7 @@ class ValWindows:
         runs = []
         for s in self.setups:
             for t in self.traces:
-                result = s.simulator(t).run(make_policy())
+                result = self._run(s, t, make_policy)
                 good = class_weights(t)[result.outcomes.good].sum()
                 runs.append({**result.metrics, "weighted_goodput_rps": float(good) / t.span_s})
         out = {}
@@ -258,6 +264,22 @@ class ValWindows:
             values = [r[key] for r in runs if not math.isnan(r[key])]
             out[key] = float(np.mean(values)) if values else math.nan
         return out
+
+    def _run(self, setup: ServingSetup, trace: Trace, make_policy: Callable[[], Policy]) -> SimResult:
+        """``trace`` served by one server of ``setup`` with ``make_policy()``, or (v7) by the run's
+        disaggregated fleet with it on every prefill server and the env's decode policy on the rest."""
+        spec = self.fleet
+        if spec is None:
+            return setup.simulator(trace).run(make_policy())
+        fleet = setup.fleet_for(
+            trace,
+            spec,
+            make_policy,
+            make_router(spec.router),
+            make_router(spec.decode_router),
+            make_decode_policy=lambda: registry.make_policy(DECODE_POLICY),
+        )
+        return fleet.run()
 
 
 class Evaluator:

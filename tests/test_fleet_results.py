@@ -67,7 +67,7 @@ def test_one_server_is_todays_row_whatever_the_router(tmp_path: Path) -> None:
 def test_a_row_made_before_fleets_is_one_server_and_keys_apart_from_fleet_rows() -> None:
     spec = RunSpec.from_row({**OLD_ROW})
     assert spec.fleet == ONE_SERVER
-    assert row_key(OLD_ROW) == ("sim", "fcfs", "azure_code", 1.0, 0, 1, "")
+    assert row_key(OLD_ROW) == ("sim", "fcfs", "azure_code", 1.0, 0, 1, "", 0, 0, "", "", "")
     two = {**OLD_ROW, "fleet_replicas": 2, "fleet_router": "round_robin"}
     other = {**OLD_ROW, "fleet_replicas": 2, "fleet_router": "prefix_affinity"}
     check_unique([(row_key(r), f"row {i}") for i, r in enumerate((OLD_ROW, two, other))])  # three runs

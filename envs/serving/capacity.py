@@ -275,7 +275,9 @@ def measure_capacities(
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     runs = [
-        ProbeRun(q.setup, q.make_policy, q.criterion, early_stop, q.fleet, q.make_router, q.make_decode_router)
+        ProbeRun(
+            q.setup, q.make_policy, q.criterion, early_stop, q.fleet, q.make_router, q.make_decode_router
+        )
         for q in queries
     ]
     if parallel == 1:

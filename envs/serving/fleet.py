@@ -57,8 +57,10 @@ class FleetSpec:
 
     ``replicas`` colocated servers (prefill and decode on each) behind ``router``; or, with
     ``prefill`` > 0, ``prefill`` prefill servers and ``decode`` decode servers joined by ``link``
-    (prefill-decode disaggregation), the decode side routed by ``decode_router``.  The GPU count is
-    servers x tp.  One server (the default) is today's single-server run, whatever the router.
+    (prefill-decode disaggregation), the decode side routed by ``decode_router``; ``layerwise``
+    streams each prompt's KV layer by layer during its prefill, so only the rest crosses ``link``
+    after it (a colocated fleet moves no KV: refused there).  The GPU count is servers x tp.  One
+    server (the default) is today's single-server run, whatever the router.
     """
 
     replicas: int = 1
@@ -67,6 +69,7 @@ class FleetSpec:
     decode: int = 0
     link: str = "nvlink"
     decode_router: str = "round_robin"
+    layerwise: bool = False
 
     def __post_init__(self) -> None:
         for key in ("replicas", "prefill", "decode"):
@@ -85,6 +88,13 @@ class FleetSpec:
             raise ValueError(
                 f"fleet.prefill={self.prefill} with fleet.replicas={self.replicas}: a disaggregated fleet "
                 "sizes its pools with prefill and decode; leave replicas at 1"
+            )
+        if not isinstance(self.layerwise, bool):
+            raise ValueError(f"fleet.layerwise={self.layerwise!r}: true or false")
+        if self.layerwise and not self.prefill:
+            raise ValueError(
+                "fleet.layerwise=true: layer-wise KV streaming needs a decode pool to stream to "
+                "(set fleet.prefill and fleet.decode); a colocated fleet moves no KV"
             )
 
     @property

@@ -153,7 +153,9 @@ class ServingSetup:
     ) -> Fleet | DisaggregatedFleet:
         """The fleet ``spec`` names: ``spec.replicas`` colocated servers (:meth:`fleet`, today's
         fleet, whatever ``decode_router``), or with ``spec.prefill`` > 0 a disaggregated fleet
-        (:meth:`disaggregated_fleet`, which takes ``disaggregation``'s keywords)."""
+        (:meth:`disaggregated_fleet`, which takes ``disaggregation``'s keywords; ``layerwise`` is
+        ``spec.layerwise`` unless one of them names it), so every tool that builds from a spec
+        streams KV as the spec says."""
         if not spec.disaggregated:
             return self.fleet(trace, spec.replicas, make_policy, router, seed)
         if decode_router is None:
@@ -167,7 +169,7 @@ class ServingSetup:
             decode_router,
             spec.link,
             seed,
-            **disaggregation,
+            **{"layerwise": spec.layerwise, **disaggregation},
         )
 
     def disaggregated_fleet(
