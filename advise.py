@@ -12,7 +12,9 @@ policies served through the scheduler plug-in, on the calibrated cost model of `
 ``hardware``; searches each one's capacity (the highest multiple of today's arrival rate at which
 every SLO target holds); and diagnoses the current settings' token gaps (head-of-line blocking or
 not). With ``fleet.replicas`` > 1 each candidate runs on that many servers behind ``fleet.router``
-and its capacity is the fleet's (docs/advise.md, "Fleets"). Writes ``advice.md``, ``advice.json`` and the plots under ``output_dir``; the last stdout
+and its capacity is the fleet's (docs/advise.md, "Fleets"); ``topology=auto`` also searches every
+split of those servers into prefill and decode pools and says which serves more (docs/advise.md,
+"Topology"). Writes ``advice.md``, ``advice.json`` and the plots under ``output_dir``; the last stdout
 line is a JSON summary. Options: :class:`AdviseConfig`; the worked example: docs/advise.md.
 """
 
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import logging
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from advisor.engines import ENGINES, Candidate, VllmKnobs, candidates, vllm_defa
 from advisor.report import Advice, markdown, pick
 from advisor.search import Criterion, Found, at_rate, search
 from advisor.targets import parse_targets
+from advisor.topology import TOPOLOGIES, Topology, best, splits, tried
 from advisor.traffic import Traffic, traffic_from
 from chunkgym import REPO_ROOT
 from chunkgym.backends import BACKENDS, executor, session
@@ -114,6 +118,7 @@ class AdviseConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)  # block size, KV blocks, ...
     current: CurrentConfig = field(default_factory=CurrentConfig)
     fleet: FleetSpec = field(default_factory=FleetSpec)  # servers behind a router (docs/fleet.md)
+    topology: str = "colocated"  # auto: also every xPyD split of fleet.replicas servers over fleet.link
     slo: SloConfig = field(default_factory=SloConfig)
     rel_tol: float = 0.02  # the capacity search's relative bracket width
     fast: bool = True  # false: the reference search (same answers, slower)
@@ -137,6 +142,7 @@ RULES: dict[str, Rule] = {
     "duration_s": Rule(lambda v: 0 < v <= 86400, "seconds in (0, 86400]"),
     "slo.attainment": Rule(lambda v: 0 < v <= 1, "a share in (0, 1]"),
     "backend": Rule(lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
+    "topology": Rule(lambda v: v in TOPOLOGIES, f"one of {', '.join(TOPOLOGIES)}"),
 }
 """Ranges checked before anything runs; names, files and knob combinations by :func:`plan_of`."""
 
@@ -152,6 +158,7 @@ class Plan:
     candidates: list[Candidate]
     setups: list[ServingSetup]
     fleet: FleetSpec  # each candidate's servers: the capacities are this fleet's
+    splits: tuple[FleetSpec, ...] = ()  # topology=auto: the xPyD splits of those servers
 
 
 def plan_of(conf: AdviseConfig) -> Plan:
@@ -166,7 +173,13 @@ def plan_of(conf: AdviseConfig) -> Plan:
         raise ValueError("set either percentile targets (slo.ttft_ms_p99=...) or slo.preset, not both")
     if not targets and preset is None:
         raise ValueError("no SLO: set at least one target such as slo.itl_ms_p99=100, or slo.preset=strict")
+    if conf.fleet.disaggregated:
+        raise ValueError(
+            f"fleet.prefill={conf.fleet.prefill} fleet.decode={conf.fleet.decode}: advise.py tries every "
+            "prefill-decode split itself; set fleet.replicas to the servers to split and topology=auto"
+        )
     fleet = simulated_fleet(conf.fleet)
+    split_fleets = splits(conf.topology, conf.fleet)
     setup = ServingSetup.from_specs(
         conf.model, conf.hardware, conf.tp, load_slo(preset or "strict"), conf.cost_model, conf.serving
     )
@@ -184,7 +197,9 @@ def plan_of(conf: AdviseConfig) -> Plan:
         conf.duration_s,
         conf.seed,
     )
-    return Plan(traffic, Criterion(targets, attainment), preset or "strict", found, setups, fleet)
+    return Plan(
+        traffic, Criterion(targets, attainment), preset or "strict", found, setups, fleet, split_fleets
+    )
 
 
 def _serving(config: ServingConfig, c: Candidate) -> ServingConfig:
@@ -229,10 +244,12 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
         with executor(conf.backend, jobs) as pool:
             found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol,
                            n_jobs=jobs, executor=pool, at_scale_one=verdicts, fleet=plan.fleet)  # fmt: skip
+            topology = _topology(conf, plan, found, jobs, pool)
     else:
         found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol, fast=False,
                        fleet=plan.fleet)  # fmt: skip
-    advice, page, summary = _advice(conf, plan, found, runs, out)
+        topology = _topology(conf, plan, found, 1, None)
+    advice, page, summary = _advice(conf, plan, found, runs, out, topology)
     log.info("advised in %.1f s", time.perf_counter() - start)
     print(page, flush=True)
     print(json.dumps(summary, allow_nan=False), flush=True)  # the last stdout line
@@ -243,8 +260,40 @@ def _at_rate(job: tuple[ServingSetup, Candidate, Traffic, FleetSpec]) -> SimResu
     return at_rate(*job)
 
 
+def _topology(
+    conf: AdviseConfig, plan: Plan, found: list[Found], jobs: int, pool: Executor | None
+) -> Topology | None:
+    """With ``topology=auto``: every split of the plan's servers searched as the colocated
+    candidates were (the same criterion, tolerance and search), against the recommendation."""
+    if not plan.splits:
+        return None
+    start = time.perf_counter()
+    rec = pick(found)
+    pairs = tried(plan.splits, found, rec)
+    setups = [plan.setups[i] for _, i in pairs]
+    chosen = [plan.candidates[i] for _, i in pairs]
+    fleets = [f for f, _ in pairs]
+    if pool is not None:
+        split_found = search(setups, chosen, plan.traffic, plan.criterion, conf.rel_tol, n_jobs=jobs,
+                             executor=pool, fleet=fleets)  # fmt: skip
+    else:
+        split_found = search(
+            setups, chosen, plan.traffic, plan.criterion, conf.rel_tol, fast=False, fleet=fleets
+        )
+    k = best(split_found)
+    scale = split_found[k].scale or 1.0  # the transfer's share at the split's capacity, or today's rate
+    run = at_rate(setups[k], chosen[k], plan.traffic, fleets[k], scale)
+    log.info("%d split searches in %.1f s", len(pairs), time.perf_counter() - start)
+    return Topology(plan.fleet, conf.tp, rec, pairs, split_found, run)
+
+
 def _advice(
-    conf: AdviseConfig, plan: Plan, found: list[Found], runs: list[SimResult], out: Path
+    conf: AdviseConfig,
+    plan: Plan,
+    found: list[Found],
+    runs: list[SimResult],
+    out: Path,
+    topology: Topology | None = None,
 ) -> tuple[dict, str, dict]:
     from advisor import plots  # matplotlib: only for runs that got this far
 
@@ -256,7 +305,7 @@ def _advice(
     report = Advice(
         plan.traffic, plan.criterion.targets, plan.preset, plan.criterion.attainment, conf.model.hf_name or conf.model.name,
         _cost_name(conf), found, runs, current, rec_diag, verdict(current, rec_diag, setting), str(out.resolve()),
-        plan.fleet,
+        plan.fleet, topology,
     )  # fmt: skip
     advice = report.to_json()
     images: list[str] = []

@@ -6,6 +6,8 @@ count. The defaults are those ``vllm serve`` picks (``EngineArgs.get_batch_defau
 0.32): 16384 tokens and 1024 sequences on GPUs of 160 GiB or more, 8192 and 1024 on other GPUs of
 70 GiB or more except the A100, 2048 and 256 below that and on A100s, and 2048 x TP and 128 x TP on
 CPUs. SGLang's scheduler is not modelled, so ``engine=sglang`` is refused rather than approximated.
+A prefill-decode deployment (``topology=auto``) runs each instance with a candidate's flags and
+vLLM's NIXL KV connector (:data:`KV_TRANSFER_CONFIG`) behind a proxy vLLM's flags do not make.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ PLUGIN_POLICIES = ("adaptive_srpf", "learned")
 """chunkgym's policies offered through the scheduler plug-in, beside vLLM's own knobs."""
 PLUGIN_BUDGET = 16384
 """``--max-num-batched-tokens`` for a plug-in policy: its largest budget level, so vLLM's buffers never cut a plan."""
+KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+"""vLLM's ``--kv-transfer-config`` for prefill-decode disaggregation: NIXL moves a prompt's KV from a
+prefill instance to a decode instance; with ``kv_both`` every instance takes either role and the
+proxy in front of them (not vLLM's flags: docs/advise.md, "Topology") picks which one prefills."""
+PD_PROXY = (
+    "a proxy sends each request to a prefill instance with max_tokens=1, then to a decode instance "
+    "with the kv_transfer_params the prefill returned (vLLM's disaggregated-serving proxy example); "
+    "each instance needs its own port and VLLM_NIXL_SIDE_CHANNEL_PORT"
+)
+"""What the operator adds to the instances' flags for a prefill-decode deployment."""
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 THRESHOLDS = (256, 512, 1024, 2048)
 ADAPTIVE_THRESHOLDS = (512, 1024)
@@ -98,6 +110,20 @@ class VllmKnobs:
         return flags
 
 
+def serve_command(model: str, flags: dict[str, Any]) -> str:
+    """``vllm serve model`` with ``flags`` (a switch set to True as the bare flag)."""
+    parts = ["vllm", "serve", model]
+    for flag, value in flags.items():
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def disaggregated_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """One instance of a prefill-decode deployment: ``flags`` and vLLM's KV connector
+    (:data:`KV_TRANSFER_CONFIG`), the same on prefill and decode instances."""
+    return {**flags, "--kv-transfer-config": json.dumps(KV_TRANSFER_CONFIG, separators=(",", ":"))}
+
+
 def vllm_defaults(hardware: HardwareSpec, tp: int) -> VllmKnobs:
     """What ``vllm serve`` sets when the operator sets nothing (see the module docstring)."""
     if hardware.name == "cpu":
@@ -140,10 +166,7 @@ class Candidate:
 
     def command(self, model: str, slo_preset: str, cost: str) -> str:
         """The ``vllm serve`` line to paste."""
-        parts = ["vllm", "serve", model]
-        for flag, value in self.flags(slo_preset, cost).items():
-            parts += [flag] if value is True else [flag, str(value)]
-        return shlex.join(parts)
+        return serve_command(model, self.flags(slo_preset, cost))
 
     def distance(self, current: Candidate) -> tuple[int, float, int]:
         """The tie-break order: knobs (and policy) that differ from ``current``, then how far the

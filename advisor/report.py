@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from advisor.diagnosis import Diagnosis
-from advisor.engines import Candidate
+from advisor.engines import PD_PROXY, Candidate, disaggregated_flags, serve_command
 from advisor.search import Found
 from advisor.targets import Target, percentile_ms, samples
+from advisor.topology import STRICT_WIN, Topology
+from advisor.topology import name as split_name
 from advisor.traffic import Traffic
 from envs.serving.fleet import ONE_SERVER, FleetSpec
 from envs.serving.loop import SimResult
@@ -93,6 +95,7 @@ class Advice:
     sentence: str
     advice_dir: str
     fleet: FleetSpec = ONE_SERVER  # each candidate's servers (capacities are this fleet's)
+    topology: Topology | None = None  # topology=auto: colocated against every xPyD split
 
     @property
     def recommended(self) -> Found | None:
@@ -198,6 +201,11 @@ class Advice:
                 "router": self.fleet.router if self.fleet.servers > 1 else None,
             },
             "candidates": candidates,
+            **(
+                {"topology": topology_json(self.topology, self.model, self.preset, self.cost)}
+                if self.topology is not None
+                else {}
+            ),
             "advice_dir": self.advice_dir,
         }
 
@@ -205,7 +213,8 @@ class Advice:
         """The last stdout line."""
         keys = ("recommended", "recommended_capacity_rps", "current_capacity_rps", "gain_over_current",
                 "hol_share_current", "hol_share_recommended", "advice_dir")  # fmt: skip
-        return {**{k: advice[k] for k in keys}, "candidates": len(advice["candidates"])}
+        topology = {"topology": advice["topology"]["recommended"]} if "topology" in advice else {}
+        return {**{k: advice[k] for k in keys}, "candidates": len(advice["candidates"]), **topology}
 
 
 def markdown(advice: dict[str, Any], images: list[str]) -> str:
@@ -238,6 +247,8 @@ def markdown(advice: dict[str, Any], images: list[str]) -> str:
             f"Fleet: {fleet['replicas']} servers behind the {fleet['router']} router, each with the "
             "candidate's settings; every capacity and rate here is the whole fleet's.",
         ]
+    if "topology" in advice:
+        lines += topology_lines(advice["topology"])
     d = advice["diagnosis_current"]
     lines += ["", "## Diagnosis", "", advice["diagnosis"] + ".", ""]
     lines += [
@@ -270,6 +281,106 @@ def markdown(advice: dict[str, Any], images: list[str]) -> str:
     ]
     lines += ["", *[f"![{name}]({name})" for name in images]]
     return "\n".join(lines) + "\n"
+
+
+def topology_json(t: Topology, model: str, preset: str, cost: str) -> dict[str, Any]:
+    """advice.json's ``topology`` block: both sides, every split tried, the recommended one's flags
+    (``model`` served with the flags ``preset`` and ``cost`` make, as :meth:`Advice.flags`)."""
+    co, dis, split = t.colocated, t.disaggregated, t.split
+    metrics = t.at_capacity.metrics
+    colocated_rps = co.rps if co else 0.0
+    return {
+        "gpus": t.gpus,
+        "tp": t.tp,
+        "strict_win": STRICT_WIN,
+        "colocated": {
+            "name": co.candidate.name if co else None,
+            "replicas": t.fleet.replicas,
+            "router": t.fleet.router,
+            "flags": co.candidate.flags(preset, cost) if co else None,
+            "capacity_rps": colocated_rps,
+            "capacity_rps_per_gpu": colocated_rps / t.gpus,
+        },
+        "disaggregated": {
+            "split": split_name(split),
+            "prefill": split.prefill,
+            "decode": split.decode,
+            "link": split.link,
+            "router": split.router,
+            "decode_router": split.decode_router,
+            "name": dis.candidate.name,
+            "max_num_batched_tokens": dis.candidate.knobs.max_num_batched_tokens,
+            "flags": disaggregated_flags(dis.candidate.flags(preset, cost)),
+            "capacity_rps": dis.rps,
+            "capacity_rps_per_gpu": dis.rps / t.gpus,
+            "capacity_scale": dis.scale,
+            "first_decode_gap_transfer_share": _json(metrics["first_decode_gap_transfer_share"]),
+            "kv_transfer_ms_mean": _json(metrics["kv_transfer_s_mean"] * 1000.0),
+        },
+        "recommended": t.recommended,
+        "engine": _topology_engine(t, model, preset, cost),
+        "tried": [
+            {
+                "split": split_name(f),
+                "name": found.candidate.name,
+                "max_num_batched_tokens": found.candidate.knobs.max_num_batched_tokens,
+                "capacity_rps": found.rps,
+                "capacity_scale": found.scale,
+                "bracket": [found.result.bracket[0], _json(found.result.bracket[1])],
+            }
+            for (f, _), found in zip(t.pairs, t.found, strict=True)
+        ],
+    }
+
+
+def _topology_engine(t: Topology, model: str, preset: str, cost: str) -> dict[str, Any] | None:
+    """The recommended topology's instances and their flags (None: colocated, and no candidate
+    meets the SLO)."""
+    if t.recommended == "colocated":
+        if t.colocated is None:
+            return None
+        flags = t.colocated.candidate.flags(preset, cost)
+        return {
+            "instances": t.fleet.replicas,
+            "flags": flags,
+            "command": serve_command(model, flags),
+        }
+    flags = disaggregated_flags(t.disaggregated.candidate.flags(preset, cost))
+    command = serve_command(model, flags)
+    return {
+        "prefill": {"instances": t.split.prefill, "flags": flags, "command": command},
+        "decode": {"instances": t.split.decode, "flags": flags, "command": command},
+        "proxy": PD_PROXY,
+    }
+
+
+def topology_lines(t: dict[str, Any]) -> list[str]:
+    """advice.md's topology section: both sides, the answer and the instances' flags."""
+    co, dis, engine = t["colocated"], t["disaggregated"], t["engine"]
+    share = dis["first_decode_gap_transfer_share"]
+    lines = [
+        "",
+        f"## Topology: {t['gpus']} GPUs",
+        "",
+        f"* colocated, {co['replicas']} servers ({co['name'] or 'no setting meets the SLO'}): "
+        f"{co['capacity_rps']:.3g} req/s, {co['capacity_rps_per_gpu']:.3g} per GPU",
+        f"* disaggregated, best of {len({r['split'] for r in t['tried']})} split(s): {dis['split']} over "
+        f"{dis['link']}, {dis['name']}: {dis['capacity_rps']:.3g} req/s, {dis['capacity_rps_per_gpu']:.3g} "
+        "per GPU; the KV transfer is "
+        + (f"{share:.0%}" if share is not None else "-")
+        + " of the first decode gap at that rate",
+        f"* **{t['recommended']}** (disaggregation only beyond {t['strict_win']:.0%} more capacity)",
+    ]
+    if engine is None:
+        return lines
+    if t["recommended"] == "colocated":
+        return [*lines, "", f"{engine['instances']} instances of `{engine['command']}`"]
+    return [
+        *lines,
+        "",
+        f"{engine['prefill']['instances']} prefill and {engine['decode']['instances']} decode instances of "
+        f"`{engine['prefill']['command']}`; {engine['proxy']}.",
+    ]
 
 
 def _diagnosis(d: Diagnosis) -> dict[str, Any]:

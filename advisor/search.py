@@ -15,7 +15,10 @@ capacities bit for bit (``bench/advise_speed.py`` checks):
 With a fleet (``fleet.replicas`` > 1) every probe serves the trace on that many servers of the
 candidate's settings behind ``fleet.router`` (:meth:`~envs.serving.setup.ServingSetup.fleet`), so a
 capacity is the whole fleet's; the proofs read every server (the SLO counts summed, each server's
-finished, rejected and waiting requests watched), checked as the fleet runs.
+finished, rejected and waiting requests watched), checked as the fleet runs. A disaggregated fleet
+(``fleet.prefill`` prefill and ``fleet.decode`` decode servers, :mod:`advisor.topology`'s splits)
+is probed the same way: a handed-over request finishes on its decode server only, so every server
+watched counts each request once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from baselines.routers import make_router
 from chunkgym import backends
 from envs.serving.capacity import Probe, sequential_search, speculative_search
 from envs.serving.core import ServingCore
+from envs.serving.disaggregation import DisaggregatedFleet
 from envs.serving.fleet import ONE_SERVER, Fleet, FleetSpec
 from envs.serving.loop import CountStop, SimResult
 from envs.serving.metrics import CapacityResult, RequestOutcomes
@@ -142,7 +146,7 @@ class FleetFail:
     each arrival and between a server's iterations; a server stopped while a router reads it
     stands there, and the fleet stops at the next ask)."""
 
-    def __init__(self, fleet: Fleet, watch: TargetWatch, step: float) -> None:
+    def __init__(self, fleet: Fleet | DisaggregatedFleet, watch: TargetWatch, step: float) -> None:
         self.fleet = fleet
         self.watch = watch
         self.step = step
@@ -203,10 +207,8 @@ class TargetProbe:
             until = core.now + step
         return self.criterion.holds(sim.outcomes()), False, len(trace)
 
-    def _fleet(self, trace: Trace) -> Fleet:
-        return self.setup.fleet(
-            trace, self.fleet.replicas, self.candidate.build_policy, make_router(self.fleet.router)
-        )
+    def _fleet(self, trace: Trace) -> Fleet | DisaggregatedFleet:
+        return fleet_of(self.setup, trace, self.candidate, self.fleet)
 
     def _full_fleet(self, trace: Trace) -> tuple[bool, bool, int]:
         fleet = self._fleet(trace)
@@ -255,14 +257,28 @@ class Found:
     probes: tuple[Probe, ...] = field(default=())
 
 
+def fleet_of(
+    setup: ServingSetup, trace: Trace, candidate: Candidate, fleet: FleetSpec
+) -> Fleet | DisaggregatedFleet:
+    """``fleet``'s servers, each with ``candidate``'s settings, serving ``trace``: colocated behind
+    ``fleet.router``, or prefill and decode pools joined by ``fleet.link``, the decode pool behind
+    ``fleet.decode_router``."""
+    decode_router = make_router(fleet.decode_router) if fleet.disaggregated else None
+    return setup.fleet_for(trace, fleet, candidate.build_policy, make_router(fleet.router), decode_router)
+
+
 def at_rate(
-    setup: ServingSetup, candidate: Candidate, traffic: Traffic, fleet: FleetSpec = ONE_SERVER
+    setup: ServingSetup,
+    candidate: Candidate,
+    traffic: Traffic,
+    fleet: FleetSpec = ONE_SERVER,
+    scale: float = 1.0,
 ) -> SimResult:
-    """``candidate`` serving today's traffic (load scale 1), every iteration recorded; on a fleet of
-    more than one server, every server's iterations merged in time order."""
-    trace = traffic.trace_at(1.0)
+    """``candidate`` serving the traffic at ``scale`` (1: today's), every iteration recorded; on a
+    fleet of more than one server, every server's iterations merged in time order."""
+    trace = traffic.trace_at(scale)
     if fleet.servers > 1:
-        return setup.fleet(trace, fleet.replicas, candidate.build_policy, make_router(fleet.router)).run()
+        return fleet_of(setup, trace, candidate, fleet).run()
     return setup.simulator(trace).run(candidate.build_policy())
 
 
@@ -276,16 +292,17 @@ def search(
     n_jobs: int = 1,
     executor: Executor | None = None,
     at_scale_one: Sequence[bool] | None = None,
-    fleet: FleetSpec = ONE_SERVER,
+    fleet: FleetSpec | Sequence[FleetSpec] = ONE_SERVER,
 ) -> list[Found]:
     """Each candidate's capacity, in order; ``setups[i]`` serves ``candidates[i]`` (on each of
-    ``fleet``'s servers: the capacity is then the fleet's).
+    ``fleet``'s servers: the capacity is then the fleet's; a sequence: candidate ``i`` on ``fleet[i]``).
 
     ``at_scale_one``: each candidate's verdict at load scale 1 from its recorded run (the fast
     search starts from it; the reference probes scale 1 again, which must agree).
     """
     queries = [AdviceQuery(traffic, rel_tol) for _ in candidates]
-    runs = [TargetProbe(s, c, criterion, fast, fleet) for s, c in zip(setups, candidates, strict=True)]
+    fleets = [fleet] * len(candidates) if isinstance(fleet, FleetSpec) else list(fleet)
+    runs = [TargetProbe(s, c, criterion, fast, f) for s, c, f in zip(setups, candidates, fleets, strict=True)]
     if not fast:
         found = [sequential_search(q, run) for q, run in zip(queries, runs, strict=True)]
     else:

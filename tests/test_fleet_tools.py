@@ -248,7 +248,7 @@ BAD_FLEET = {
     "too many servers": (["fleet.replicas=100000"], "fleet.replicas=100000"),
     "not a number": (["fleet.replicas=many"], "fleet.replicas"),
     "an unknown router": (["fleet.replicas=2", "fleet.router=nope"], "fleet.router='nope'"),
-    "disaggregated": (["fleet.prefill=1", "fleet.decode=1"], "not simulated"),
+    "disaggregated": (["fleet.prefill=1", "fleet.decode=1"], "topology=auto"),  # advise.py splits
     "prefill alone": (["fleet.prefill=1"], "fleet.prefill=1"),
     "an unknown link": (["fleet.link=copper"], "fleet.link='copper'"),
     "an unknown key": (["fleet.gpus=2"], "fleet.gpus"),
