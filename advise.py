@@ -230,10 +230,9 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     """Search, diagnose, write every file under ``out``; returns advice.json's object."""
     start = time.perf_counter()
     jobs = conf.n_jobs or default_jobs()
-    runs = parallel_map(
-        _at_rate, [(s, c, plan.traffic, plan.fleet) for s, c in zip(plan.setups, plan.candidates, strict=True)],
-        conf.n_jobs, "at today's rate", conf.progress, conf.backend,
-    )  # fmt: skip
+    jobs_at_rate = [(s, c, plan.traffic, plan.fleet, i == 0)
+                    for i, (s, c) in enumerate(zip(plan.setups, plan.candidates, strict=True))]  # fmt: skip
+    runs = parallel_map(_at_rate, jobs_at_rate, conf.n_jobs, "at today's rate", conf.progress, conf.backend)
     verdicts = [plan.criterion.holds(r.outcomes) for r in runs]
     log.info(
         "%d candidates at today's rate in %.1f s; searching capacities",
@@ -249,6 +248,7 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
         found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol, fast=False,
                        fleet=plan.fleet)  # fmt: skip
         topology = _topology(conf, plan, found, 1, None)
+    runs = _recommended_recorded(plan, found, runs)
     advice, page, summary = _advice(conf, plan, found, runs, out, topology)
     log.info("advised in %.1f s", time.perf_counter() - start)
     print(page, flush=True)
@@ -256,8 +256,23 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     return advice
 
 
-def _at_rate(job: tuple[ServingSetup, Candidate, Traffic, FleetSpec]) -> SimResult:
-    return at_rate(*job)
+def _at_rate(job: tuple[ServingSetup, Candidate, Traffic, FleetSpec, bool]) -> SimResult:
+    """One candidate at today's rate: recorded for the current settings (the diagnosis and the
+    worst-stalls plot read its iterations), outcomes only for the others (:func:`outcomes_at_rate`)."""
+    setup, candidate, traffic, fleet, recorded = job
+    return at_rate(setup, candidate, traffic, fleet, recorded=recorded)
+
+
+def _recommended_recorded(plan: Plan, found: list[Found], runs: list[SimResult]) -> list[SimResult]:
+    """``runs`` with the recommendation's run at today's rate recorded, for its diagnosis: served
+    again if it was run for its outcomes only (the same run, so the same outcomes)."""
+    rec = pick(found)
+    if rec is None:
+        return runs
+    k = found.index(rec)
+    if runs[k].iterations:  # recorded already: the current settings, or a fleet's run
+        return runs
+    return [*runs[:k], at_rate(plan.setups[k], plan.candidates[k], plan.traffic, plan.fleet), *runs[k + 1 :]]
 
 
 def _topology(

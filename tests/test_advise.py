@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from advise import RULES, AdviseConfig, Plan, SloConfig, plan_of
+from advise import RULES, AdviseConfig, Plan, SloConfig, _recommended_recorded, plan_of
 from advisor.engines import Candidate, VllmKnobs, candidates
 from advisor.report import pick
-from advisor.search import Criterion, Found, TargetProbe
+from advisor.search import Criterion, Found, TargetProbe, at_rate
 from advisor.targets import (
     METRICS,
     PERCENTILES,
@@ -686,3 +686,55 @@ def test_bad_input_is_one_line_before_any_work_and_writes_nothing(case, small, t
     assert named in lines[0], lines[0]
     assert not out.exists()
     assert proc.stdout == "", "nothing ran before the error"
+
+
+# ---- 5. the runs at today's rate --------------------------------------------------------------
+def outcome_arrays(out: RequestOutcomes) -> dict[str, np.ndarray]:
+    return {
+        f.name: getattr(out, f.name)
+        for f in dataclasses.fields(out)
+        if isinstance(getattr(out, f.name), np.ndarray)
+    }
+
+
+@pytest.mark.parametrize("name", ["current", "budget 256", "chunked prefill off", "chunkgym adaptive_srpf"])
+def test_a_run_for_its_outcomes_only_has_the_recorded_runs_outcomes_bit_for_bit(small, name):
+    """advise.py runs every candidate but the current settings at today's rate with no iteration log;
+    the report's latencies and the fast search's verdict at scale 1 read those outcomes, so they must
+    be the recorded run's, every array equal bit for bit (NaNs where the recorded run has them)."""
+    trace, _ = small
+    plan = plan_for(f"trace={trace}", *SLO_ARGS)
+    k = [c.name for c in plan.candidates].index(name)
+    recorded = at_rate(plan.setups[k], plan.candidates[k], plan.traffic)
+    slim = at_rate(plan.setups[k], plan.candidates[k], plan.traffic, recorded=False)
+    assert recorded.iterations and not slim.iterations and not slim.token_times
+    a, b = outcome_arrays(recorded.outcomes), outcome_arrays(slim.outcomes)
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert a[key].dtype == b[key].dtype and np.array_equal(
+            a[key], b[key], equal_nan=a[key].dtype.kind == "f"
+        ), key
+
+
+def test_the_recommendation_is_run_again_recorded_when_its_run_was_outcomes_only(small):
+    """The diagnosis reads the recommendation's iterations: a recommendation other than the current
+    settings gets its run served again, recorded, with the same outcomes; the other runs stay as they were."""
+    trace, _ = small
+    plan = plan_for(f"trace={trace}", *SLO_ARGS)
+    k = [c.name for c in plan.candidates].index("budget 512")
+    runs = [
+        at_rate(s, c, plan.traffic, recorded=i == 0)
+        for i, (s, c) in enumerate(zip(plan.setups, plan.candidates, strict=True))
+    ]
+    none = CapacityResult(0.0, (0.0, 1.0), ())
+    found = [Found(c, 2.0 if i == k else 1.0, 0.0, none) for i, c in enumerate(plan.candidates)]
+    again = _recommended_recorded(plan, found, runs)
+    assert again[k].iterations and again[k] is not runs[k]
+    assert outcome_arrays(again[k].outcomes).keys() == outcome_arrays(runs[k].outcomes).keys()
+    for key, value in outcome_arrays(runs[k].outcomes).items():
+        assert np.array_equal(
+            outcome_arrays(again[k].outcomes)[key], value, equal_nan=value.dtype.kind == "f"
+        ), key
+    assert all(again[i] is runs[i] for i in range(len(runs)) if i != k)
+    found[0] = Found(plan.candidates[0], 3.0, 0.0, none)  # the current settings win: recorded already
+    assert _recommended_recorded(plan, found, runs) is runs
