@@ -131,6 +131,7 @@ from gymnasium.envs.registration import load_env_creator
 from gymnasium.utils import RecordConstructorArgs
 
 from envs.actions import ACTIONS_V0, ACTIONS_V1, ACTIONS_V2, ACTIONS_V3, ActionSpace
+from envs.episodes import draw_window, episode_rng
 from envs.features import (
     FEATURE_NAMES_V0,
     FEATURE_NAMES_V1,
@@ -415,29 +416,10 @@ class ChunkedPrefillEnv(gym.Env[np.ndarray, np.ndarray]):
     def _draw_trace(self) -> Trace:
         """The next episode's window (see Starting State); sets :attr:`workload` and :attr:`load`."""
         self._episodes += 1
-        rng = (
-            self.np_random
-            if self.input_seed is None
-            else np.random.default_rng([self.input_seed, self._episodes])
+        rng = episode_rng(self.np_random, self.input_seed, self._episodes)
+        workload, load, trace = draw_window(
+            rng, self.workloads, self.load_ranges, self.split, self.window_s, self.window_scale
         )
-        for _ in range(16):  # a bursty trace can leave a window empty: draw another
-            workload = (
-                self.workloads[int(rng.integers(len(self.workloads)))]
-                if len(self.workloads) > 1
-                else self.workloads[0]
-            )
-            lo, hi = self.load_ranges[workload.spec.name]
-            load = float(rng.uniform(lo, hi)) if lo < hi else lo
-            window_s = (
-                self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
-            )
-            trace = workload.window(self.split, int(rng.integers(2**31)), load, window_s)
-            if len(trace):
-                break
-        else:
-            raise RuntimeError(
-                f"16 windows in a row of {[w.spec.name for w in self.workloads]} ({self.split}) were empty"
-            )
         self.workload, self.load = workload, load
         return trace
 

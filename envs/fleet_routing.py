@@ -84,6 +84,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 
 from chunkgym import OWN_PACKAGES
+from envs.episodes import draw_window, episode_rng
 from envs.serving.core import ServingConfig
 from envs.serving.fleet import Fleet
 from envs.serving.metrics import SLOSpec, load_slo
@@ -253,29 +254,10 @@ class FleetRoutingEnv(gym.Env[np.ndarray, np.int64]):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self._episodes += 1
-        rng = (
-            self.np_random
-            if self.input_seed is None
-            else np.random.default_rng([self.input_seed, self._episodes])
+        rng = episode_rng(self.np_random, self.input_seed, self._episodes)
+        workload, load, trace = draw_window(
+            rng, self.workloads, self.load_ranges, self.split, self.window_s, self.window_scale
         )
-        for _ in range(16):  # a bursty trace can leave a window empty: draw another
-            workload = (
-                self.workloads[int(rng.integers(len(self.workloads)))]
-                if len(self.workloads) > 1
-                else self.workloads[0]
-            )
-            lo, hi = self.load_ranges[workload.spec.name]
-            load = float(rng.uniform(lo, hi)) if lo < hi else lo
-            window_s = (
-                self.window_s if self.window_s is not None else workload.spec.window_s * self.window_scale
-            )
-            trace = workload.window(self.split, int(rng.integers(2**31)), load, window_s)
-            if len(trace):
-                break
-        else:
-            raise RuntimeError(
-                f"16 windows in a row of {[w.spec.name for w in self.workloads]} ({self.split}) were empty"
-            )
         self.workload, self.load = workload, load
         self.fleet = fleet = self.setup.fleet(
             trace, self.replicas, lambda: self.make_policy(self.server_policy), self._router

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs.serving.core import ServingConfig
+from envs.serving.loop import SimResult
 from envs.serving.setup import ServingSetup
 from envs.serving.simulator import Simulator
 from envs.serving.workloads.trace import Trace
@@ -31,3 +32,15 @@ def make_setup(model: str = "llama3_8b", hardware: str = "h100_80gb", **serving)
 
 def make_sim(trace: Trace, **kw) -> Simulator:
     return make_setup(**kw).simulator(trace)
+
+
+def same_run(a: SimResult, b: SimResult) -> bool:
+    """Two runs that served every token at the same time and agree on every metric but wall time."""
+    if a.token_times.keys() != b.token_times.keys():
+        return False
+    if not all(np.array_equal(a.token_times[k], b.token_times[k]) for k in a.token_times):
+        return False
+    keys = [k for k in a.metrics if k != "sim_wall_s"]
+    return all(
+        a.metrics[k] == b.metrics[k] or (np.isnan(a.metrics[k]) and np.isnan(b.metrics[k])) for k in keys
+    )

@@ -11,9 +11,8 @@ from baselines.routers import make_router
 from envs.serving.disaggregation import DisaggregatedFleet
 from envs.serving.fleet import Fleet, FleetSpec
 from envs.serving.kv_transfer import LinkSpec, exposed_transfer_time, kv_transfer_bytes
-from envs.serving.loop import SimResult
 from policies.registry import make_policy
-from tests.simtools import make_setup, make_trace
+from tests.simtools import make_setup, make_trace, same_run
 
 
 def trace_of(n: int, seed: int, rate: float, prompts: tuple[int, int], outputs: tuple[int, int]):
@@ -48,17 +47,6 @@ def pd_fleet(
         link,
         decode_setup=decode_setup,
         layerwise=layerwise,
-    )
-
-
-def same_run(a: SimResult, b: SimResult) -> bool:
-    if a.token_times.keys() != b.token_times.keys():
-        return False
-    if not all(np.array_equal(a.token_times[k], b.token_times[k]) for k in a.token_times):
-        return False
-    keys = [k for k in a.metrics if k != "sim_wall_s"]
-    return all(
-        a.metrics[k] == b.metrics[k] or (np.isnan(a.metrics[k]) and np.isnan(b.metrics[k])) for k in keys
     )
 
 

@@ -16,7 +16,7 @@ from envs.serving.loop import SimResult
 from envs.serving.routing import ServerView
 from envs.serving.simulator import Simulator
 from policies.registry import make_policy
-from tests.simtools import make_setup, make_trace
+from tests.simtools import make_setup, make_trace, same_run
 
 UNIT = 32  # prefix hash unit of the generated traces (two 16-token KV blocks)
 
@@ -71,17 +71,6 @@ def run_eagerly(fleet: Fleet) -> SimResult:
         fleet.route_next()
     fleet.run_until()
     return fleet.result()
-
-
-def same_run(a: SimResult, b: SimResult) -> bool:
-    if a.token_times.keys() != b.token_times.keys():
-        return False
-    if not all(np.array_equal(a.token_times[k], b.token_times[k]) for k in a.token_times):
-        return False
-    keys = [k for k in a.metrics if k != "sim_wall_s"]
-    return all(
-        a.metrics[k] == b.metrics[k] or (np.isnan(a.metrics[k]) and np.isnan(b.metrics[k])) for k in keys
-    )
 
 
 @pytest.mark.parametrize("router", sorted(ROUTERS))

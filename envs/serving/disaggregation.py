@@ -45,14 +45,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.serving.core import ServingCore, requests_of
-from envs.serving.fleet import FleetCountStop
+from envs.serving.fleet import OverServers
 from envs.serving.kv_transfer import Link, LinkSpec, exposed_transfer_time, kv_transfer_bytes
 from envs.serving.loop import ServingLoop, SimResult, iteration_summary, request_outcomes
 from envs.serving.metrics import request_summary
 from envs.serving.request import Request
 from envs.serving.routing import Router, ServerView
 from envs.serving.scheduling import Plan, Policy, ServingView
-from envs.serving.shortcuts import Shortcuts
 from envs.serving.specs import ModelSpec
 from envs.serving.workloads.trace import Trace
 
@@ -122,7 +121,7 @@ class DecodeView(ServerView):
         return super().in_flight + self._incoming[self.index]
 
 
-class DisaggregatedFleet:
+class DisaggregatedFleet(OverServers):
     """``prefill`` servers behind ``router`` and ``decode`` servers behind ``decode_router``, joined by
     ``link`` (see the module's docstring).
 
@@ -207,27 +206,11 @@ class DisaggregatedFleet:
 
     # ---- the Fleet's interface -------------------------------------------------------------
     @property
-    def n_good(self) -> int:
-        return sum(s.core.n_good for s in self.servers)
-
-    @property
-    def n_bad(self) -> int:
-        return sum(s.core.n_bad for s in self.servers)
-
-    @property
     def now(self) -> float:
         """The fleet's clock: the last event taken (the end of the last iteration once all are)."""
         if self.done():
             return max(s.core.now for s in self.servers)
         return self.time
-
-    def set_shortcuts(self, shortcuts: Shortcuts) -> None:
-        for s in self.servers:
-            s.core.shortcuts = shortcuts
-
-    def count_stop(self, good: int, bad: int) -> FleetCountStop:
-        """A stop on the fleet's SLO counts, over both pools."""
-        return FleetCountStop(self.servers[0].core, good, bad, self.servers)
 
     def start(self) -> None:
         for server, policy in zip(self.servers, (*self.prefill_policies, *self.decode_policies), strict=True):

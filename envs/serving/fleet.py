@@ -126,7 +126,31 @@ class FleetCountStop(CountStop):
         return good >= self.good or bad >= self.bad
 
 
-class Fleet:
+class OverServers:
+    """What every fleet (colocated or disaggregated) reads and sets over all of its ``servers``: the
+    SLO counts summed (the reward, early stops and capacity probes see the whole fleet), the
+    shortcuts, and a stop on the counts."""
+
+    servers: tuple[ServingLoop, ...]
+
+    @property
+    def n_good(self) -> int:
+        return sum(s.core.n_good for s in self.servers)
+
+    @property
+    def n_bad(self) -> int:
+        return sum(s.core.n_bad for s in self.servers)
+
+    def set_shortcuts(self, shortcuts: Shortcuts) -> None:
+        for s in self.servers:
+            s.core.shortcuts = shortcuts
+
+    def count_stop(self, good: int, bad: int) -> FleetCountStop:
+        """A stop on the fleet's SLO counts (see :class:`FleetCountStop`)."""
+        return FleetCountStop(self.servers[0].core, good, bad, self.servers)
+
+
+class Fleet(OverServers):
     """N serving loops, one scheduling policy each, behind ``router``, serving ``trace``.
 
     Args:
@@ -168,27 +192,11 @@ class Fleet:
         self._started = False
 
     @property
-    def n_good(self) -> int:
-        return sum(s.core.n_good for s in self.servers)
-
-    @property
-    def n_bad(self) -> int:
-        return sum(s.core.n_bad for s in self.servers)
-
-    @property
     def now(self) -> float:
         """The fleet's clock: the next arrival to route (the end of the last iteration once all are)."""
         if self.next_arrival < len(self.requests):
             return self.requests[self.next_arrival].arrival
         return max(s.core.now for s in self.servers)
-
-    def set_shortcuts(self, shortcuts: Shortcuts) -> None:
-        for s in self.servers:
-            s.core.shortcuts = shortcuts
-
-    def count_stop(self, good: int, bad: int) -> FleetCountStop:
-        """A stop on the fleet's SLO counts (see :class:`FleetCountStop`)."""
-        return FleetCountStop(self.servers[0].core, good, bad, self.servers)
 
     def start(self) -> None:
         """Reset the policies and the router; called once, before the first arrival is routed."""
