@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,8 +46,7 @@ import numpy as np
 from envs.serving.core import ServingCore, requests_of
 from envs.serving.fleet import OverServers
 from envs.serving.kv_transfer import Link, LinkSpec, exposed_transfer_time, kv_transfer_bytes
-from envs.serving.loop import ServingLoop, SimResult, iteration_summary, request_outcomes
-from envs.serving.metrics import request_summary
+from envs.serving.loop import ServingLoop, SimResult
 from envs.serving.request import Request
 from envs.serving.routing import Router, ServerView
 from envs.serving.scheduling import Plan, Policy, ServingView
@@ -391,13 +389,6 @@ class DisaggregatedFleet(OverServers):
             if self._stopped:
                 return True
 
-    def run(self, stop: Callable[[], bool] | None = None) -> SimResult:
-        wall = time.perf_counter()
-        stopped = self.run_until(stop)
-        result = self.result(time.perf_counter() - wall)
-        result.stopped = stopped
-        return result
-
     def result(self, wall_s: float = math.nan) -> SimResult:
         """Fleet-wide outcomes and metrics: the single-server ones over every request (iterations of
         both pools merged, utilisation averaged over servers), plus the disaggregation's columns:
@@ -409,16 +400,8 @@ class DisaggregatedFleet(OverServers):
         construction: the first token is emitted on the prefill server, before the transfer), and
         ``load_imbalance`` (the larger of the pools': prompt tokens routed to each prefill server,
         output tokens each decode server emitted)."""
-        times: dict[int, np.ndarray] = {}
-        for s in self.servers:
-            times.update(s.core.token_times)
-        outcomes = request_outcomes(self.requests, times, self.prefill[0].core.slo)
-        metrics = request_summary(outcomes, self.trace.span_s)
-        logs = [s.log.arrays() for s in self.servers]
-        order = np.argsort(np.concatenate([it["start"] for it in logs]), kind="stable")
-        merged = {k: np.concatenate([it[k] for it in logs])[order] for k in logs[0]}
-        metrics.update(iteration_summary(merged, self.prefill[0].core.kv.total, outcomes))
-        metrics["busy_fraction"] /= len(self.servers)
+        result, logs = self.served()
+        metrics, merged, times = result.metrics, result.iterations, result.token_times
         used = [it["kv_used"] / s.core.kv.total for it, s in zip(logs, self.servers, strict=True)]
         metrics["kv_util_mean"] = float(np.mean(np.concatenate(used))) if len(merged["start"]) else math.nan
         gpus = len(self.prefill) * self.tp + len(self.decode) * self.decode_tp
@@ -442,7 +425,7 @@ class DisaggregatedFleet(OverServers):
         metrics["first_decode_gap_transfer_share"] = _mean(shares)
         metrics["ttft_transfer_share"] = 0.0
         metrics["sim_wall_s"] = wall_s
-        return SimResult(outcomes, merged, metrics, times)
+        return result
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from envs.serving.loop import (
     request_outcomes,
 )
 from envs.serving.metrics import request_summary
+from envs.serving.request import Request
 from envs.serving.routing import COUNTS, IN_FLIGHT, Router, ServerView
 from envs.serving.scheduling import Policy
 from envs.serving.shortcuts import Shortcuts
@@ -126,12 +128,14 @@ class FleetCountStop(CountStop):
         return good >= self.good or bad >= self.bad
 
 
-class OverServers:
+class OverServers(ABC):
     """What every fleet (colocated or disaggregated) reads and sets over all of its ``servers``: the
     SLO counts summed (the reward, early stops and capacity probes see the whole fleet), the
     shortcuts, and a stop on the counts."""
 
     servers: tuple[ServingLoop, ...]
+    requests: list[Request]
+    trace: Trace
 
     @property
     def n_good(self) -> int:
@@ -148,6 +152,39 @@ class OverServers:
     def count_stop(self, good: int, bad: int) -> FleetCountStop:
         """A stop on the fleet's SLO counts (see :class:`FleetCountStop`)."""
         return FleetCountStop(self.servers[0].core, good, bad, self.servers)
+
+    @abstractmethod
+    def run_until(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Serve the trace to the end; True if ``stop()`` held first."""
+
+    @abstractmethod
+    def result(self, wall_s: float = math.nan) -> SimResult:
+        """The run's outcomes and metrics (:meth:`served` and the fleet's own columns)."""
+
+    def run(self, stop: Callable[[], bool] | None = None) -> SimResult:
+        """Serve the trace and summarise the run (see :meth:`result`)."""
+        wall = time.perf_counter()
+        stopped = self.run_until(stop)
+        result = self.result(time.perf_counter() - wall)
+        result.stopped = stopped
+        return result
+
+    def served(self) -> tuple[SimResult, list[dict[str, np.ndarray]]]:
+        """The single-server summary over the whole fleet, and each server's iteration log: every
+        request's outcome (``requests``, judged by the first server's SLO), the iterations of every
+        server merged in time order and summarised (utilisation averaged over servers), the token
+        times; :meth:`result` adds the fleet's own columns."""
+        times: dict[int, np.ndarray] = {}
+        for s in self.servers:
+            times.update(s.core.token_times)
+        outcomes = request_outcomes(self.requests, times, self.servers[0].core.slo)
+        metrics = request_summary(outcomes, self.trace.span_s)
+        logs = [s.log.arrays() for s in self.servers]
+        order = np.argsort(np.concatenate([it["start"] for it in logs]), kind="stable")
+        merged = {k: np.concatenate([it[k] for it in logs])[order] for k in logs[0]}
+        metrics.update(iteration_summary(merged, self.servers[0].core.kv.total, outcomes))
+        metrics["busy_fraction"] /= len(self.servers)  # the mean over servers
+        return SimResult(outcomes, merged, metrics, times), logs
 
 
 class Fleet(OverServers):
@@ -287,33 +324,17 @@ class Fleet(OverServers):
                 return True
         return False
 
-    def run(self, stop: Callable[[], bool] | None = None) -> SimResult:
-        """Serve the trace and summarise the run (see :meth:`result`)."""
-        wall = time.perf_counter()
-        stopped = self.run_until(stop)
-        result = self.result(time.perf_counter() - wall)
-        result.stopped = stopped
-        return result
-
     def result(self, wall_s: float = math.nan) -> SimResult:
         """Fleet-wide outcomes and metrics: the single-server ones over every request, iterations
         summed, utilisation averaged over servers, plus the fleet's own columns."""
-        times: dict[int, np.ndarray] = {}
-        for s in self.servers:
-            times.update(s.core.token_times)
-        outcomes = request_outcomes(self.requests, times, self.servers[0].core.slo)
-        metrics = request_summary(outcomes, self.trace.span_s)
-        logs = [s.log.arrays() for s in self.servers]
-        order = np.argsort(np.concatenate([it["start"] for it in logs]), kind="stable")
-        merged = {k: np.concatenate([it[k] for it in logs])[order] for k in logs[0]}
-        metrics.update(iteration_summary(merged, self.servers[0].core.kv.total, outcomes))
-        metrics["busy_fraction"] /= len(self.servers)  # the mean over servers
+        result, _ = self.served()
+        metrics = result.metrics
         served = np.array(
             [sum(r.prompt_len + r.generated for r in s.core.finished) for s in self.servers], float
         )
         metrics["load_imbalance"] = float(served.max() / served.mean()) if served.sum() > 0 else math.nan
         metrics["sim_wall_s"] = wall_s
-        return SimResult(outcomes, merged, metrics, times)
+        return result
 
 
 def settled_until(server: ServingLoop) -> float:
