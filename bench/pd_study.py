@@ -1,4 +1,4 @@
-"""Colocated chunked prefill against every prefill-decode split on the same GPUs (issue 42, the study).
+"""Colocated chunked prefill against every prefill-decode split on the same GPUs.
 
     python bench/pd_study.py [full=true] [out=reports/pd_study] [parallel=2]
 
