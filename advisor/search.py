@@ -41,8 +41,11 @@ from envs.serving.loop import CountStop, SimResult
 from envs.serving.metrics import CapacityResult, RequestOutcomes
 from envs.serving.request import Request
 from envs.serving.setup import ServingSetup
-from envs.serving.shortcuts import NO_SHORTCUTS, PROBE_SHORTCUTS
+from envs.serving.shortcuts import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
 from envs.serving.workloads.trace import Trace
+
+UNLOGGED = Shortcuts(unlogged=True)
+"""A run at today's rate that only its outcomes are read of: every default shortcut, no iteration log."""
 
 CHECKS_PER_RUN = 32
 """How often a fast probe checks whether its fail is proven, evenly over the trace's span."""
@@ -288,15 +291,15 @@ def at_rate(
 
 
 def outcomes_at_rate(setup: ServingSetup, candidate: Candidate, trace: Trace) -> SimResult:
-    """``candidate`` serving ``trace`` to the end with a capacity probe's shortcuts (no iteration log,
-    latencies folded into the EWMA only when read: :data:`~envs.serving.shortcuts.PROBE_SHORTCUTS`,
-    whose outcomes are bit-identical to a recorded run's): a SimResult of its outcomes alone, no iterations, summary or token times.
+    """``candidate`` serving ``trace`` to the end with no iteration log
+    (:attr:`~envs.serving.shortcuts.Shortcuts.unlogged`, whose outcomes are bit-identical to a
+    recorded run's): a SimResult of its outcomes alone, no iterations, summary or token times.
 
     Why: the report reads every candidate's outcomes at today's rate but the iteration log and
     token times of two only (the current settings and the recommendation, which the advisor runs
     recorded); logging the others cost about half of each run and a 76 MB result to send back."""
     sim = setup.simulator(trace)
-    sim.core.shortcuts = PROBE_SHORTCUTS
+    sim.core.shortcuts = UNLOGGED
     policy = candidate.build_policy()
     sim.start(policy)
     sim.run_until(policy)
