@@ -43,12 +43,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 import chunkgym  # noqa: E402
+from advisor.topology import STRICT_WIN, splits  # noqa: E402
 from baselines.routers import make_router  # noqa: E402
 from chunkgym.cli import hydra_cli  # noqa: E402
 from chunkgym.config import AT_LEAST_ONE, NON_EMPTY, SEED, ConfigError  # noqa: E402
 from chunkgym.config import Rule as OptionRule  # noqa: E402
 from chunkgym.io import atomic_write_text  # noqa: E402
-from envs.serving.capacity import Capacity, CapacityQuery, check_rel_tol, measure_capacities  # noqa: E402
+from envs.serving.capacity import Capacity, CapacityQuery, measure_capacities  # noqa: E402
 from envs.serving.fleet import LINKS, FleetSpec  # noqa: E402
 from envs.serving.metrics import MIN_REL_TOL, slo_names  # noqa: E402
 from envs.serving.setup import ServingSetup  # noqa: E402
@@ -63,7 +64,8 @@ DISAGGREGATED_POLICIES = ("sarathi_512", "sarathi_2048")
 """Small and large prefill chunks; the decode pool runs the same policy (it only decodes)."""
 ROUTER = "least_outstanding_tokens"  # colocated servers and the prefill pool
 DECODE_ROUTER = "least_requests"
-WIN_MARGIN = 0.02
+WIN_MARGIN = STRICT_WIN
+"""A strict win: more than 2% above the other side, the margin the advisor's ``topology=auto`` uses."""
 FULL_GPUS = [2, 4, 8]
 DIAGNOSTICS = (
     "slo_attainment",
@@ -97,15 +99,6 @@ class Options:
     out: str = "reports/pd_study"
 
 
-def _rel_tol_ok(value: float) -> bool:
-    """The capacity search's own range check, as an option rule."""
-    try:
-        check_rel_tol(value)
-    except ValueError:
-        return False
-    return True
-
-
 RULES = {
     "workloads": OptionRule(
         lambda v: len(v) > 0 and all(n in workload_names() for n in v),
@@ -129,7 +122,7 @@ RULES = {
     "hardware": OptionRule(lambda v: v in hardware_names(), f"one of {', '.join(hardware_names())}"),
     "seed": SEED,
     "window_s": OptionRule(lambda v: 0 <= v <= 30 * 86400, "seconds in [0, 2592000] (0: the workload's own)"),
-    "rel_tol": OptionRule(_rel_tol_ok, f"a capacity rel_tol in [{MIN_REL_TOL:g}, 1)"),
+    "rel_tol": OptionRule(lambda v: MIN_REL_TOL <= v < 1, f"a capacity rel_tol in [{MIN_REL_TOL:g}, 1)"),
     "parallel": AT_LEAST_ONE,
     "out": NON_EMPTY,
 }
@@ -142,12 +135,6 @@ def winner(agg: float, pd: float, margin: float = WIN_MARGIN) -> str:
     if agg > (1 + margin) * pd:
         return "agg"
     return "tie"
-
-
-def splits(gpus: int, tp: int) -> list[tuple[int, int]]:
-    """Every (prefill, decode) server split of ``gpus`` GPUs at ``tp`` GPUs a server, both >= 1."""
-    servers = gpus // tp
-    return [(x, servers - x) for x in range(1, servers)]
 
 
 def gpu_counts(gpus: Sequence[int], tp: int) -> list[int]:
@@ -175,7 +162,8 @@ class Candidate:
 
 
 def candidates(args: Options, gpus: Sequence[int]) -> list[Candidate]:
-    """Every search of the run: each group's colocated policies once, each link's splits and policies."""
+    """Every search of the run: each group's colocated policies once, each link's splits (the advisor's
+    :func:`~advisor.topology.splits` of those servers) and policies."""
     out = []
     for w in args.workloads:
         for s in args.slos:
@@ -185,10 +173,10 @@ def candidates(args: Options, gpus: Sequence[int]) -> list[Candidate]:
                     colocated = FleetSpec(replicas=g // tp, router=ROUTER)
                     out += [Candidate(w, s, m, g, "", colocated, p) for p in COLOCATED_POLICIES]
                     for link in args.links:
-                        for x, y in splits(g, tp):
-                            fleet = FleetSpec(
-                                prefill=x, decode=y, link=link, router=ROUTER, decode_router=DECODE_ROUTER
-                            )
+                        servers = FleetSpec(
+                            replicas=g // tp, router=ROUTER, link=link, decode_router=DECODE_ROUTER
+                        )
+                        for fleet in splits("auto", servers):
                             out += [Candidate(w, s, m, g, link, fleet, p) for p in DISAGGREGATED_POLICIES]
     return out
 

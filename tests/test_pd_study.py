@@ -6,16 +6,17 @@ import json
 
 import pytest
 
+from advisor.topology import splits
 from bench.pd_study import (
     COLOCATED_POLICIES,
     DISAGGREGATED_POLICIES,
     Options,
     candidates,
     main,
-    splits,
     winner,
 )
 from chunkgym.cli import InputExit
+from envs.serving.fleet import FleetSpec
 
 ONE_CELL = [
     "workloads=[azure_conv]",
@@ -46,8 +47,11 @@ def test_a_win_is_strict_beyond_two_percent_and_ties_count_for_neither(agg, pd, 
 
 
 def test_every_xpyd_split_of_the_gpus_is_searched_on_every_link_and_colocated_once():
-    assert splits(8, 1) == [(x, 8 - x) for x in range(1, 8)]
-    assert splits(8, 2) == [(1, 3), (2, 2), (3, 1)] and splits(4, 2) == [(1, 1)]
+    def split(gpus: int, tp: int) -> list[tuple[int, int]]:
+        return [(f.prefill, f.decode) for f in splits("auto", FleetSpec(replicas=gpus // tp))]
+
+    assert split(8, 1) == [(x, 8 - x) for x in range(1, 8)]
+    assert split(8, 2) == [(1, 3), (2, 2), (3, 1)] and split(4, 2) == [(1, 1)]
     opts = Options(workloads=["azure_code"], slos=["ttft_tight"], models=["llama3_8b", "llama2_70b"])
     todo = candidates(opts, [2, 4, 8])
     for model, gpus, tp in [("llama3_8b", 2, 1), ("llama3_8b", 4, 1), ("llama3_8b", 8, 1), ("llama2_70b", 4, 2), ("llama2_70b", 8, 2)]:  # fmt: skip
