@@ -27,6 +27,7 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -230,21 +231,22 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
     """Search, diagnose, write every file under ``out``; returns advice.json's object."""
     start = time.perf_counter()
     jobs = conf.n_jobs or default_jobs()
-    jobs_at_rate = [(s, c, plan.traffic, plan.fleet, i == 0)
-                    for i, (s, c) in enumerate(zip(plan.setups, plan.candidates, strict=True))]  # fmt: skip
-    runs = parallel_map(_at_rate, jobs_at_rate, conf.n_jobs, "at today's rate", conf.progress, conf.backend)
-    verdicts = [plan.criterion.holds(r.outcomes) for r in runs]
-    log.info(
-        "%d candidates at today's rate in %.1f s; searching capacities",
-        len(runs),
-        time.perf_counter() - start,
-    )
-    if conf.fast:
+    if conf.fast:  # each search's probe at scale 1 is its candidate's run at today's rate
         with executor(conf.backend, jobs) as pool:
             found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol,
-                           n_jobs=jobs, executor=pool, at_scale_one=verdicts, fleet=plan.fleet)  # fmt: skip
+                           n_jobs=jobs, executor=pool, fleet=plan.fleet, today=True)  # fmt: skip
+            runs = [cast(SimResult, f.today) for f in found]
+            log.info(
+                "%d candidates at today's rate and searched in %.1f s", len(runs), time.perf_counter() - start
+            )
             topology = _topology(conf, plan, found, jobs, pool)
     else:
+        jobs_at_rate = [(s, c, plan.traffic, plan.fleet, i == 0)
+                        for i, (s, c) in enumerate(zip(plan.setups, plan.candidates, strict=True))]  # fmt: skip
+        runs = parallel_map(
+            _at_rate, jobs_at_rate, conf.n_jobs, "at today's rate", conf.progress, conf.backend
+        )
+        log.info("%d candidates at today's rate in %.1f s; searching", len(runs), time.perf_counter() - start)
         found = search(plan.setups, plan.candidates, plan.traffic, plan.criterion, conf.rel_tol, fast=False,
                        fleet=plan.fleet)  # fmt: skip
         topology = _topology(conf, plan, found, 1, None)
@@ -258,7 +260,7 @@ def advise(conf: AdviseConfig, plan: Plan, out: Path) -> dict:
 
 def _at_rate(job: tuple[ServingSetup, Candidate, Traffic, FleetSpec, bool]) -> SimResult:
     """One candidate at today's rate: recorded for the current settings (the diagnosis and the
-    worst-stalls plot read its iterations), outcomes only for the others (:func:`outcomes_at_rate`)."""
+    worst-stalls plot read its iterations), outcomes only for the others (:func:`~advisor.search.serve`)."""
     setup, candidate, traffic, fleet, recorded = job
     return at_rate(setup, candidate, traffic, fleet, recorded=recorded)
 

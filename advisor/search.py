@@ -9,8 +9,13 @@ capacities bit for bit (``bench/advise_speed.py`` checks):
 * the fast one: probes in flight on ``n_jobs`` workers (the speculative search of
   :mod:`envs.serving.capacity`), the core's shortcuts on, and a probe stopped once it is proven to
   fail: the samples known to exceed a target only grow, so once they pass what the target allows
-  of the run's final sample count no later iteration can save it (:class:`TargetWatch`). Load
-  scale 1 is each candidate's full, recorded run at today's rate, which the report reads too.
+  of the run's final sample count no later iteration can save it (:class:`TargetWatch`); a probe
+  served to the end is judged on the same counts, not on outcomes built again. Load scale 1 is
+  each candidate's full run at today's rate, which the report reads too (``search(today=True)``:
+  those runs are the searches' first probes, on the same workers). A candidate that differs from
+  the current settings only in having more batch slots takes each of their probes in which the
+  requests present never reached the current slots: its own run would be that run
+  (:func:`slot_twins`).
 
 With a fleet (``fleet.replicas`` > 1) every probe serves the trace on that many servers of the
 candidate's settings behind ``fleet.router`` (:meth:`~envs.serving.setup.ServingSetup.fleet`), so a
@@ -23,10 +28,11 @@ watched counts each request once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.engines import Candidate
 from advisor.targets import REQUEST_METRICS, Target, above, holds, samples
@@ -42,6 +48,7 @@ from envs.serving.metrics import CapacityResult, RequestOutcomes
 from envs.serving.request import Request
 from envs.serving.setup import ServingSetup
 from envs.serving.shortcuts import NO_SHORTCUTS, PROBE_SHORTCUTS, Shortcuts
+from envs.serving.simulator import Simulator
 from envs.serving.workloads.trace import Trace
 
 UNLOGGED = Shortcuts(unlogged=True)
@@ -95,6 +102,7 @@ class TargetWatch:
         self.gaps_at_most = sum(max(r.output_len - 1, 0) for r in requests)
         self.above = [0] * len(targets)
         self.late: list[set[int]] = [set() for _ in targets]  # rids past a TTFT target while waiting
+        self.gaps_seen = 0  # ITL samples of the finished requests counted so far
         self.finished_seen = [0] * len(self.cores)
         self.rejected_seen = [0] * len(self.cores)
 
@@ -103,6 +111,20 @@ class TargetWatch:
             self._watch(k, core)
         return any(
             n > t.allowed_above(self.gaps_at_most if t.metric == "itl" else self.requests)
+            for n, t in zip(self.above, self.targets, strict=True)
+        )
+
+    def holds_at_end(self) -> bool | None:
+        """The verdict of a run served to the end, from the counts: :func:`~advisor.targets.holds`'s
+        (every request's samples counted once, a rejected one as over every request target), so the
+        run's outcomes need not be built again; None if a request neither finished nor was rejected
+        (the outcomes then decide)."""
+        for k, core in enumerate(self.cores):
+            self._watch(k, core)
+        if not self.requests or sum(self.finished_seen) + sum(self.rejected_seen) != self.requests:
+            return None
+        return all(
+            n <= t.allowed_above(self.gaps_seen if t.metric == "itl" else self.requests)
             for n, t in zip(self.above, self.targets, strict=True)
         )
 
@@ -136,6 +158,7 @@ class TargetWatch:
             ttft_bound=[r.ttft_bound for r in reqs],
             slo=core.slo,
         )
+        self.gaps_seen += sum(len(g) for g in out.gaps)
         for i, t in enumerate(self.targets):
             values = samples(out, t.metric)
             if t.metric == "ttft" and self.late[i]:
@@ -175,23 +198,62 @@ class TargetProbe:
     criterion: Criterion
     fast: bool
     fleet: FleetSpec = ONE_SERVER
+    today: bool = False  # scale 1 is the run at today's rate, kept whole (a TodayProbe)
+    recorded: bool = False  # that run with its iteration log (the current settings')
 
     def __call__(self, scale: float, trace: Trace) -> Probe:
         start = time.process_time()
+        if self.today and scale == 1.0:
+            run, peak = serve(self.setup, self.candidate, trace, self.fleet, self.recorded)
+            seconds = time.process_time() - start
+            passed = self.criterion.holds(run.outcomes)
+            return TodayProbe(scale, passed, False, len(trace), len(trace), seconds, peak, run)
+        peak = None
         if self.fleet.servers > 1:
             probe = self._decide_fleet(trace) if self.fast else self._full_fleet(trace)
+        elif self.fast:
+            sim = self.setup.simulator(trace)
+            probe, peak = self._decide(sim, trace), sim.core.peak_present
         else:
-            probe = self._decide(scale, trace) if self.fast else self._full(scale, trace)
-        return Probe(scale, probe[0], probe[1], probe[2], len(trace), seconds=time.process_time() - start)
+            probe = self._full(trace)
+        seconds = time.process_time() - start
+        return Probe(scale, probe[0], probe[1], probe[2], len(trace), seconds=seconds, peak_present=peak)
 
-    def _full(self, scale: float, trace: Trace) -> tuple[bool, bool, int]:
+    @property
+    def slot_bound(self) -> int:
+        """Requests present at once below which this run's batch slots and lookahead never bind."""
+        config = self.setup.config
+        return min(config.max_num_seqs, config.lookahead)
+
+    def slot_twin_of(self, other: TargetProbe) -> bool:
+        """Whether this and ``other`` differ in the batch slots and lookahead alone (vLLM's own
+        scheduler, the same knobs otherwise, one server each)."""
+        a, b = self.candidate, other.candidate
+        if (
+            a.policy is not None
+            or b.policy is not None
+            or self.fleet.servers > 1
+            or self.fleet != other.fleet
+        ):
+            return False
+        if dataclasses.replace(b.knobs, max_num_seqs=a.knobs.max_num_seqs) != a.knobs:
+            return False
+        mine = self.setup.config
+        config = dataclasses.replace(
+            other.setup.config, max_num_seqs=mine.max_num_seqs, lookahead=mine.lookahead
+        )
+        return (
+            dataclasses.replace(other.setup, config=config) == self.setup
+            and self.criterion == other.criterion
+        )
+
+    def _full(self, trace: Trace) -> tuple[bool, bool, int]:
         sim = self.setup.simulator(trace)
         sim.core.shortcuts = NO_SHORTCUTS
         result = sim.run(self.candidate.build_policy())
         return self.criterion.holds(result.outcomes), False, len(trace)
 
-    def _decide(self, scale: float, trace: Trace) -> tuple[bool, bool, int]:
-        sim = self.setup.simulator(trace)
+    def _decide(self, sim: Simulator, trace: Trace) -> tuple[bool, bool, int]:
         core = sim.core
         core.shortcuts = PROBE_SHORTCUTS
         policy = self.candidate.build_policy()
@@ -208,7 +270,8 @@ class TargetProbe:
             if watch.failed():
                 return False, True, len(core.finished) + len(core.rejected)
             until = core.now + step
-        return self.criterion.holds(sim.outcomes()), False, len(trace)
+        verdict = watch.holds_at_end()
+        return self.criterion.holds(sim.outcomes()) if verdict is None else verdict, False, len(trace)
 
     def _fleet(self, trace: Trace) -> Fleet | DisaggregatedFleet:
         return fleet_of(self.setup, trace, self.candidate, self.fleet)
@@ -235,7 +298,10 @@ class TargetProbe:
         proven = FleetFail(fleet, watch, max(trace.span_s, 1e-9) / CHECKS_PER_RUN)
         if fleet.run_until(proven):
             return False, True, sum(len(c.finished) + len(c.rejected) for c in cores)
-        return self.criterion.holds(fleet.result().outcomes), False, len(trace)
+        verdict = watch.holds_at_end()
+        if verdict is None:
+            verdict = self.criterion.holds(fleet.result().outcomes)
+        return verdict, False, len(trace)
 
 
 @dataclass(frozen=True)
@@ -250,14 +316,23 @@ class AdviceQuery:
 
 
 @dataclass(frozen=True)
+class TodayProbe(Probe):
+    """The probe at load scale 1 that is the candidate's run at today's rate, with that run."""
+
+    run: SimResult | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class Found:
-    """A candidate's capacity (load scale and req/s, 0 when even the lowest probe fails) and its search."""
+    """A candidate's capacity (load scale and req/s, 0 when even the lowest probe fails) and its
+    search; ``today``: its run at today's rate, where the search ran it (``search(today=True)``)."""
 
     candidate: Candidate
     scale: float
     rps: float
     result: CapacityResult
     probes: tuple[Probe, ...] = field(default=())
+    today: SimResult | None = field(default=None, compare=False, repr=False)
 
 
 def fleet_of(
@@ -281,29 +356,32 @@ def at_rate(
     """``candidate`` serving the traffic at ``scale`` (1: today's), every iteration recorded; on a
     fleet of more than one server, every server's iterations merged in time order.
 
-    ``recorded=False`` (one server): the same run, outcomes only (:func:`outcomes_at_rate`)."""
-    trace = traffic.trace_at(scale)
-    if fleet.servers > 1:
-        return fleet_of(setup, trace, candidate, fleet).run()
-    if not recorded:
-        return outcomes_at_rate(setup, candidate, trace)
-    return setup.simulator(trace).run(candidate.build_policy())
+    ``recorded=False`` (one server): the same run, outcomes only (:func:`serve`)."""
+    return serve(setup, candidate, traffic.trace_at(scale), fleet, recorded)[0]
 
 
-def outcomes_at_rate(setup: ServingSetup, candidate: Candidate, trace: Trace) -> SimResult:
-    """``candidate`` serving ``trace`` to the end with no iteration log
+def serve(
+    setup: ServingSetup, candidate: Candidate, trace: Trace, fleet: FleetSpec, recorded: bool
+) -> tuple[SimResult, int | None]:
+    """:func:`at_rate` on ``trace``, and the most requests present at once on its server
+    (:attr:`ServingCore.peak_present`; None on a fleet).
+
+    ``recorded=False`` (one server): served to the end with no iteration log
     (:attr:`~envs.serving.shortcuts.Shortcuts.unlogged`, whose outcomes are bit-identical to a
-    recorded run's): a SimResult of its outcomes alone, no iterations, summary or token times.
-
+    recorded run's), a SimResult of its outcomes alone, no iterations, summary or token times.
     Why: the report reads every candidate's outcomes at today's rate but the iteration log and
     token times of two only (the current settings and the recommendation, which the advisor runs
     recorded); logging the others cost about half of each run and a 76 MB result to send back."""
+    if fleet.servers > 1:
+        return fleet_of(setup, trace, candidate, fleet).run(), None
     sim = setup.simulator(trace)
-    sim.core.shortcuts = UNLOGGED
     policy = candidate.build_policy()
+    if recorded:
+        return sim.run(policy), sim.core.peak_present
+    sim.core.shortcuts = UNLOGGED
     sim.start(policy)
     sim.run_until(policy)
-    return SimResult(sim.outcomes(), {}, {}, {})
+    return SimResult(sim.outcomes(), {}, {}, {}), sim.core.peak_present
 
 
 def search(
@@ -317,30 +395,102 @@ def search(
     executor: Executor | None = None,
     at_scale_one: Sequence[bool] | None = None,
     fleet: FleetSpec | Sequence[FleetSpec] = ONE_SERVER,
+    today: bool = False,
 ) -> list[Found]:
     """Each candidate's capacity, in order; ``setups[i]`` serves ``candidates[i]`` (on each of
     ``fleet``'s servers: the capacity is then the fleet's; a sequence: candidate ``i`` on ``fleet[i]``).
 
     ``at_scale_one``: each candidate's verdict at load scale 1 from its recorded run (the fast
-    search starts from it; the reference probes scale 1 again, which must agree).
+    search starts from it; the reference probes scale 1 again, which must agree). ``today`` (the
+    fast search): instead, each search's probe at scale 1 is its run at today's rate, kept whole in
+    ``Found.today`` (the first candidate's recorded, the others' outcomes only: :func:`serve`), so
+    those runs share the workers with the searches rather than going first as a batch of their own.
     """
+    if today and (not fast or at_scale_one is not None):
+        raise ValueError(
+            "today=True is the fast search's own scale-1 run: not with fast=False or at_scale_one"
+        )
     queries = [AdviceQuery(traffic, rel_tol) for _ in candidates]
     fleets = [fleet] * len(candidates) if isinstance(fleet, FleetSpec) else list(fleet)
-    runs = [TargetProbe(s, c, criterion, fast, f) for s, c, f in zip(setups, candidates, fleets, strict=True)]
+    runs = [
+        TargetProbe(s, c, criterion, fast, f, today, today and i == 0)
+        for i, (s, c, f) in enumerate(zip(setups, candidates, fleets, strict=True))
+    ]
     if not fast:
         found = [sequential_search(q, run) for q, run in zip(queries, runs, strict=True)]
     else:
-        known = None
-        if at_scale_one is not None:
-            known = [{1.0: Probe(1.0, ok, False, 0, 0)} for ok in at_scale_one]
+        known = [
+            {} if at_scale_one is None else {1.0: Probe(1.0, at_scale_one[i], False, 0, 0)}
+            for i in range(len(runs))
+        ]
         if executor is not None:
-            found = speculative_search(queries, runs, executor, n_jobs, known=known)
+            found = _fast_search(queries, runs, known, executor, n_jobs, 0)
         else:
             with backends.executor("local", n_jobs) as pool:
-                found = speculative_search(queries, runs, pool, n_jobs, ahead=n_jobs, known=known)
+                found = _fast_search(queries, runs, known, pool, n_jobs, n_jobs)
     out = []
     for c, (result, probes) in zip(candidates, found, strict=True):
         rps = traffic.rate_at(result.scale) if result.scale > 0 else 0.0
         used = tuple(probes[s] for s, _ in result.evaluations)
-        out.append(Found(c, result.scale, rps, result, used))
+        first = probes.get(1.0)
+        out.append(
+            Found(c, result.scale, rps, result, used, first.run if isinstance(first, TodayProbe) else None)
+        )
     return out
+
+
+def _fast_search(
+    queries: Sequence[AdviceQuery],
+    runs: Sequence[TargetProbe],
+    known: list[dict[float, Probe]],
+    executor: Executor,
+    n_jobs: int,
+    ahead: int,
+) -> list[tuple[CapacityResult, dict[float, Probe]]]:
+    """The speculative search, in two rounds: first every candidate but the larger-slot twins
+    (:func:`slot_twins`), then each twin, which takes as known every probe of its leader's whose
+    requests present stayed below both candidates' slots (the twin's run is that same run), and
+    runs only the probes it still needs."""
+    twins = slot_twins(runs)
+    first = [i for i in range(len(runs)) if i not in twins]
+    found: dict[int, tuple[CapacityResult, dict[float, Probe]]] = dict(
+        zip(first, speculative_search([queries[i] for i in first], [runs[i] for i in first], executor,
+                                      n_jobs, ahead=ahead, known=[known[i] for i in first]), strict=True)
+    )  # fmt: skip
+    second = list(twins)
+    for i in second:
+        j = twins[i]
+        bound = min(runs[i].slot_bound, runs[j].slot_bound)
+        shared = {
+            s: _shared(p)
+            for s, p in found[j][1].items()
+            if p.peak_present is not None and p.peak_present < bound and s not in known[i]
+        }
+        known[i] = {**shared, **known[i]}
+    if second:
+        done = speculative_search([queries[i] for i in second], [runs[i] for i in second], executor, n_jobs,
+                                  ahead=ahead, known=[known[i] for i in second])  # fmt: skip
+        found.update(zip(second, done, strict=True))
+    return [found[i] for i in range(len(runs))]
+
+
+def _shared(probe: Probe) -> Probe:
+    """A leader's probe as its twin's: no CPU seconds of its own, and a run at today's rate as
+    outcomes only (as the twin's own would be; the report serves it again recorded if it needs to)."""
+    if isinstance(probe, TodayProbe) and probe.run is not None:
+        return replace(probe, seconds=0.0, run=SimResult(probe.run.outcomes, {}, {}, {}))
+    return replace(probe, seconds=0.0)
+
+
+def slot_twins(runs: Sequence[TargetProbe]) -> dict[int, int]:
+    """The candidates that differ from the first (the current settings) in ``max_num_seqs`` (and
+    the lookahead that follows it) alone, with more slots, each mapped to 0, its leader. Both are
+    vLLM's scheduler on one server, so while the requests present stay below both candidates'
+    slots neither run can tell them apart: every batch-slot check passes and the lookahead holds
+    the whole queue (:attr:`ServingCore.peak_present`). Only larger caps follow: they are the ones
+    the current settings' probes can speak for; a smaller cap may bind, and its own search then
+    runs after the first round's instead of beside it."""
+    if not runs:
+        return {}
+    lead = runs[0]
+    return {i: 0 for i, r in enumerate(runs) if i and r.slot_bound > lead.slot_bound and r.slot_twin_of(lead)}

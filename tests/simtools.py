@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from envs.serving.core import ServingConfig
@@ -44,3 +46,16 @@ def same_run(a: SimResult, b: SimResult) -> bool:
     return all(
         a.metrics[k] == b.metrics[k] or (np.isnan(a.metrics[k]) and np.isnan(b.metrics[k])) for k in keys
     )
+
+
+BASE_NS = int(np.datetime64("2023-11-16T18:15:00", "ns").astype(np.int64))
+
+
+def write_azure(path: Path, times_ns: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> Path:
+    """An Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) with exact 100 ns stamps."""
+    stamps = (BASE_NS + times_ns).astype("datetime64[ns]")
+    rows = [
+        f"{str(s).replace('T', ' ')[:27]},{p},{o}" for s, p, o in zip(stamps, prompts, outputs, strict=True)
+    ]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path

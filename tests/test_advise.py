@@ -43,7 +43,7 @@ from envs.serving.core import ServingConfig
 from envs.serving.metrics import SLO, CapacityResult, RequestOutcomes, capacity_search
 from envs.serving.scheduling import Policy
 from policies.registry import make_policy
-from tests.simtools import make_setup, make_trace
+from tests.simtools import make_setup, make_trace, write_azure
 
 MODEL, HARDWARE = "llama3_8b", "a100_80gb"
 DEFAULTS = VllmKnobs(2048, 256)  # vLLM 0.32's defaults on an A100
@@ -61,7 +61,6 @@ SUMMARY_KEYS = {
 }
 PLOTS = ("capacity_by_knob.png", "bucket_tails.png", "worst_stalls.png")
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics"
-BASE_NS = int(np.datetime64("2023-11-16T18:15:00", "ns").astype(np.int64))
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -74,16 +73,6 @@ def small_requests(n: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray, 
     prompts = rng.integers(50, 900, n)
     prompts[3::8] = rng.integers(5000, 9000, len(prompts[3::8]))
     return times_ns, prompts, rng.integers(10, 120, n)
-
-
-def write_azure(path: Path, times_ns: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> Path:
-    """An Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens) with exact 100 ns stamps."""
-    stamps = (BASE_NS + times_ns).astype("datetime64[ns]")
-    rows = [
-        f"{str(s).replace('T', ' ')[:27]},{p},{o}" for s, p, o in zip(stamps, prompts, outputs, strict=True)
-    ]
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
-    return path
 
 
 def advise(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -81,6 +81,9 @@ class Probe:
     requests_decided: int  # requests known good or bad when it stopped (all of them at the end)
     requests: int
     seconds: float = field(default=0.0, compare=False)  # CPU seconds it took (to order searches by)
+    # The most requests present on the server at once up to the verdict (ServingCore.peak_present;
+    # None: not counted, as on a fleet): below a max_num_seqs, that cap never bound.
+    peak_present: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

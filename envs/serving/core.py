@@ -102,6 +102,10 @@ class ServingCore:
         self._token_times: dict[int, np.ndarray] = {}  # of finished[:len(it)], in finish order
         self.book = SloBook(slo, self.decode)  # the SLO verdicts known so far
         self.n_running_prefill = 0  # queued requests holding a batch slot
+        # The most requests present at once (queued, decoding or landed): while it stays below
+        # max_num_seqs no batch-slot check can fail and the lookahead (never below max_num_seqs for
+        # vLLM's scheduler) holds the whole queue, so a larger max_num_seqs would run the same.
+        self.peak_present = 0
         self.preemptions = 0
         self.preemption = Preemption.LATEST_STARTED  # the victim rule: the policy's, set by the loop
         self._preempt_seq = 0
@@ -200,7 +204,7 @@ class ServingCore:
         if todo > 0:
             end: list[float] | np.ndarray = self.decode.end
             if todo > TIMES_BATCH:  # worth one array of every decode end
-                end = np.array(end)
+                end = self.decode.ends_array()
             for req in finished[len(times) :]:
                 times[req.rid] = req.token_times(end)
         return times
@@ -338,6 +342,7 @@ class ServingCore:
         req.prefix_hit = req.computed
         self.traffic.prefix_hit(req.computed / req.prompt_len)
         self.queue.append(req)
+        self._count_present()
 
     def _reject(self, req: Request, reason: str) -> None:
         req.status = Status.REJECTED
@@ -644,6 +649,13 @@ class ServingCore:
         landed; it joins the decode group at the first iteration start where its blocks, the
         decodes' next blocks and a batch slot are free, in landing order."""
         self.landed.append(req)
+        self._count_present()
+
+    def _count_present(self) -> None:
+        """A request arrived or landed (the only ways the requests present grow): update the peak."""
+        present = len(self.queue) + self.decode.n + len(self.landed)
+        if present > self.peak_present:
+            self.peak_present = present
 
     def _admit_landed(self) -> None:
         """Move the landed requests that fit, first come first served, into the decode group."""

@@ -55,7 +55,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,12 @@ class CostModel(ABC):
         ``decode_context`` s: how the simulator prices a decode-only stretch in one call.
         (:meth:`decode_times` groups its terms differently, so it may differ in the last bit.)"""
         return np.array([self.iteration_time(num_decode, c, (), ()) for c in decode_context.tolist()])
+
+    def decode_step_time(self, num_decode: int) -> Callable[[int], float]:
+        """:meth:`iteration_time` of a decode-only iteration of ``num_decode`` sequences, as a function
+        of their cached tokens, bit for bit: how the simulator prices a short decode stretch one
+        iteration at a time, with whatever does not change along it computed once."""
+        return lambda decode_context: self.iteration_time(num_decode, decode_context, (), ())
 
     def chunk_iteration_times(
         self, num_decode: int, decode_context: int, tokens: int, computed: int, count: int
@@ -393,6 +399,31 @@ class RooflineCostModel(CostModel):
             gpu = base + layers * (linear + attn)
             times.append(gpu + cpu if serial else gpu if gpu > cpu else cpu)
         return times
+
+    def decode_step_time(self, num_decode: int) -> Callable[[int], float]:
+        # iteration_time's decode-only path, operation for operation, with every term but the
+        # context's computed once.
+        if num_decode <= 0:
+            return lambda decode_context: 0.0
+        seq_term, dec_tok, layers, serial = (
+            self._dec_seq * num_decode,
+            self._dec_tok,
+            self._layers,
+            self.serial_host,
+        )
+        base = self._engine_time(num_decode, num_decode)
+        linear = self._linear_memo.get(num_decode)
+        if linear is None:
+            linear = self._linear_memo[num_decode] = self.linear_time(num_decode)
+        cpu = self._cpu + self._cpu_seq * num_decode + self._cpu_tok * num_decode + 0.0
+
+        def step_time(decode_context: int) -> float:
+            gpu = base + layers * (linear + (seq_term + dec_tok * decode_context))
+            if serial:
+                return gpu + cpu
+            return gpu if gpu > cpu else cpu
+
+        return step_time
 
     def decode_iteration_times(self, num_decode: int, decode_context: np.ndarray) -> np.ndarray:
         # iteration_time's decode-only path, operation for operation: numpy's float64 ops round

@@ -31,6 +31,7 @@ class DecodeGroup:
         self.members: dict[int, Request] = {}  # rid -> request, in join order
         self.finish_heap: list[tuple[int, int, int, Request]] = []  # (finish clock, rid, join, req)
         self.end: list[float] = []  # end time of each decode iteration, indexed by decode clock
+        self._end_array = np.empty(0)  # a numpy copy of a prefix of ``end`` (see ends_array)
         self.last_time = -math.inf
         self.joiners: list[Request] = []  # joined since the last decode iteration
         self.n_doomed = 0  # members already known to miss their SLO
@@ -97,6 +98,15 @@ class DecodeGroup:
         if req in self.joiners:
             self.joiners.remove(req)
         return kv0 + steps
+
+    def ends_array(self) -> np.ndarray:
+        """``end`` as a numpy array. ``end`` only grows, so only the part added since the last call
+        is converted: a run that reads token times often (a probe's checks) copies each decode end
+        from Python once, not once per read."""
+        cached, end = self._end_array, self.end
+        if len(cached) < len(end):
+            self._end_array = cached = np.concatenate((cached, np.array(end[len(cached) :])))
+        return cached
 
     def record(self, t_end: float) -> None:
         """A decode iteration ended at ``t_end``: log it, advance the clock, track TPOT slack."""

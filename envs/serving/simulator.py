@@ -218,7 +218,8 @@ class CostModelClock:
         dec = core.decode
         n, bs, phase, clock = dec.n, dec.bs, dec.phase, dec.clock
         free, stall, used = core.kv.free, core.stall_floor, core.kv.used
-        cost, scale = self.cost.iteration_time, self.time_scale
+        step_time, scale = self.cost.decode_step_time(n), self.time_scale
+        context = dec.context_sum(clock)  # grows by n each iteration (DecodeGroup.context_sum)
         now, last, allocated = core.now, dec.last_time, 0
         ends: list[float] = []
         latencies: list[float] = []
@@ -229,7 +230,8 @@ class CostModelClock:
             need = phase[-c % bs]
             if allocated + need > free:
                 break
-            lat = cost(n, dec.context_sum(c), (), ())
+            lat = step_time(context)
+            context += n
             if scale != 1.0:
                 lat *= scale
             end = now + lat
