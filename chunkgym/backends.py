@@ -14,6 +14,7 @@ node): each task checks it, and runs with one math thread, as the local workers 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -179,7 +180,7 @@ def executor(backend: str, workers: int) -> Iterator[Executor]:
     to bound); work still queued or running when the block ends is cancelled."""
     check_backend(backend)
     if backend == "local":
-        with ProcessPoolExecutor(workers) as pool:
+        with ProcessPoolExecutor(workers, initializer=quiet_collector) as pool:
             try:
                 yield pool
             finally:
@@ -195,6 +196,19 @@ def executor(backend: str, workers: int) -> Iterator[Executor]:
 
 _pinned = False
 
+WORKER_GC_THRESHOLD = (50_000, 50, 1_000)
+"""The cyclic collector's thresholds in a worker (CPython's default: 700, 10, 10)."""
+
+
+def quiet_collector() -> None:
+    """In a worker process, before its first job: everything it inherited or imported so far (the
+    driver's state, torch and the rest) is moved out of the cyclic collector's reach (``gc.freeze``),
+    and collections come rarer. Why: a simulation allocates objects that outlive many collections
+    (requests, their token records), so CPython's default thresholds scan the whole heap, the
+    imports included, over and over. Collection only frees memory; no result depends on when it runs."""
+    gc.freeze()
+    gc.set_threshold(*WORKER_GC_THRESHOLD)
+
 
 def _run_task(root: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """In a Ray worker: refuse another checkout than the driver's, pin math threads to one, run."""
@@ -208,4 +222,5 @@ def _run_task(root: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _pinned = True
         if "torch" in sys.modules:  # imported before the env vars took effect
             sys.modules["torch"].set_num_threads(1)
+        quiet_collector()
     return fn(*args, **kwargs)
