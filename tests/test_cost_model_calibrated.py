@@ -98,10 +98,12 @@ def test_decode_times_match_iteration_time(path: Path) -> None:
 def test_decode_iteration_times_are_iteration_time_bit_for_bit(path: Path) -> None:
     cost = _model(path)
     contexts = np.arange(0, 2_000_000, 7919, dtype=np.int64)
-    for n in (1, 3, 16, 255):
+    for n in (0, 1, 3, 16, 255):
         expected = [cost.iteration_time(n, int(c), (), ()) for c in contexts]
         assert cost.decode_iteration_times(n, contexts).tolist() == expected
         assert super(RooflineCostModel, cost).decode_iteration_times(n, contexts).tolist() == expected
+        for step_time in (cost.decode_step_time(n), super(RooflineCostModel, cost).decode_step_time(n)):
+            assert [step_time(c) for c in contexts.tolist()] == expected
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,7 @@ def test_stretch_prices_stay_bit_identical_to_iteration_time(tmp_path: Path, pro
     for n in (1, 3, 16, 255):
         expected = [cost.iteration_time(n, int(c), (), ()) for c in contexts]
         assert cost.decode_iteration_times(n, contexts).tolist() == expected
+        assert [cost.decode_step_time(n)(c) for c in contexts.tolist()] == expected
         np.testing.assert_allclose(cost.decode_times(n, contexts), expected, rtol=1e-12)
         chunks = [cost.iteration_time(n, 5000 + i * n, (300,), (777 + i * 300,)) for i in range(50)]
         assert cost.chunk_iteration_times(n, 5000, 300, 777, 50) == chunks
