@@ -28,7 +28,6 @@ watched counts each request once.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -236,16 +235,11 @@ class TargetProbe:
             or self.fleet != other.fleet
         ):
             return False
-        if dataclasses.replace(b.knobs, max_num_seqs=a.knobs.max_num_seqs) != a.knobs:
+        if replace(b.knobs, max_num_seqs=a.knobs.max_num_seqs) != a.knobs:
             return False
         mine = self.setup.config
-        config = dataclasses.replace(
-            other.setup.config, max_num_seqs=mine.max_num_seqs, lookahead=mine.lookahead
-        )
-        return (
-            dataclasses.replace(other.setup, config=config) == self.setup
-            and self.criterion == other.criterion
-        )
+        config = replace(other.setup.config, max_num_seqs=mine.max_num_seqs, lookahead=mine.lookahead)
+        return replace(other.setup, config=config) == self.setup and self.criterion == other.criterion
 
     def _full(self, trace: Trace) -> tuple[bool, bool, int]:
         sim = self.setup.simulator(trace)

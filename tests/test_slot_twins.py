@@ -9,55 +9,41 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
-from advise import RULES, AdviseConfig, Plan, plan_of
+from advise import Plan
 from advisor.search import Found, TodayProbe, at_rate, search
 from baselines import VllmV1
-from chunkgym import REPO_ROOT
-from chunkgym.cli import _compose
-from chunkgym.config import to_object
+from envs.serving.loop import SimResult
 from envs.serving.metrics import RequestOutcomes
+from envs.serving.scheduling import Policy
 from tests.simtools import make_setup, make_trace, same_run, write_azure
+from tests.test_advise import HARDWARE, MAX_LEN, MODEL, SLO_ARGS, plan_for, probe_cases, small_requests
 
-MODEL, HARDWARE = "llama3_8b", "a100_80gb"
 WIDE = 64  # batch slots and lookahead above any run's requests present below
 
 
-@st.composite
-def vllm_runs(draw):
-    n = draw(st.integers(0, 40))
-    gaps = draw(st.lists(st.floats(0.0, 0.2), min_size=n, max_size=n))
-    prompts = draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
-    blocks = draw(st.sampled_from([0, 120, 400]))  # small caches: preemptions and rejections
-    chunked = draw(st.booleans())  # off: vLLM wants a budget of at least max_model_len
-    policy = {
-        "max_num_batched_tokens": draw(st.sampled_from([256, 512, 2048, 8192] if chunked else [8192])),
-        "long_prefill_token_threshold": draw(st.sampled_from([0, 128, 1024])),
-        "enable_chunked_prefill": chunked,
-    }
-    return make_trace(np.cumsum(gaps), prompts, outputs), blocks, policy
+VLLM_CASES = probe_cases().filter(lambda case: case[2].policy is None)
+"""test_advise's probe traces with each of the advisor's candidates that is vLLM's own scheduler."""
 
 
-def serve(trace, blocks: int, policy: dict, slots: int):
+def serve(trace, blocks: int, policy: Policy, slots: int) -> tuple[SimResult, int]:
     setup = make_setup(
-        MODEL, HARDWARE, num_blocks=blocks, max_model_len=4096, max_num_seqs=slots, lookahead=slots
+        MODEL, HARDWARE, num_blocks=blocks, max_model_len=MAX_LEN, max_num_seqs=slots, lookahead=slots
     )
     sim = setup.simulator(trace)
-    return sim.run(VllmV1(**policy)), sim.core.peak_present
+    return sim.run(policy), sim.core.peak_present
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(vllm_runs())
+@given(VLLM_CASES)
 def test_slots_above_the_most_requests_present_serve_exactly_as_more_slots_do(case):
     """The claim the twins' sharing rests on: a run whose requests present (queued, decoding or
     landed) peak at P is the same, token for token and iteration for iteration, under P + 1 batch
     slots and lookahead as under many more."""
-    trace, blocks, policy = case
-    wide, peak = serve(trace, blocks, policy, WIDE)
+    trace, blocks, candidate = case
+    wide, peak = serve(trace, blocks, candidate.build_policy(), WIDE)
     assert peak < WIDE, "the wide run's slots never bound"
-    tight, tight_peak = serve(trace, blocks, policy, peak + 1)
+    tight, tight_peak = serve(trace, blocks, candidate.build_policy(), peak + 1)
     assert tight_peak == peak
     assert same_run(wide, tight)
     assert wide.iterations.keys() == tight.iterations.keys()
@@ -68,14 +54,14 @@ def test_slots_above_the_most_requests_present_serve_exactly_as_more_slots_do(ca
 def test_the_peak_counts_every_request_present_at_once():
     """Not vacuous: ten requests at once are ten present, whatever the slots let run."""
     trace = make_trace(np.zeros(10), [500] * 10, [20] * 10)
-    _, peak = serve(trace, 0, {"max_num_batched_tokens": 2048}, 4)
+    _, peak = serve(trace, 0, VllmV1(max_num_batched_tokens=2048), 4)
     assert peak == 10
 
 
 def test_outcomes_sent_between_processes_come_back_bit_for_bit():
     """RequestOutcomes pickles its token gaps as one array: every field, every gap, the same."""
     trace = make_trace(np.linspace(0, 2, 30), np.arange(1, 31) * 90, [1, 2, 30] * 10)
-    run, _ = serve(trace, 0, {"max_num_batched_tokens": 512}, WIDE)
+    run, _ = serve(trace, 0, VllmV1(max_num_batched_tokens=512), WIDE)
     for out in (run.outcomes, run.outcomes.subset(np.zeros(30, dtype=bool))):
         back = pickle.loads(pickle.dumps(out))
         assert isinstance(back, RequestOutcomes) and len(back.gaps) == len(out.gaps)
@@ -93,26 +79,9 @@ def test_outcomes_sent_between_processes_come_back_bit_for_bit():
 
 
 # ---- the fast search ----------------------------------------------------------------------------
-SLO_ARGS = ("slo.itl_ms_p99=50", "slo.ttft_ms_p99=1000")
-
-
-def plan_for(trace: Path, seqs: int) -> Plan:
-    overrides = [
-        "engine=vllm",
-        "cost_model=roofline",
-        f"trace={trace}",
-        *SLO_ARGS,
-        f"current.max_num_seqs={seqs}",
-    ]
-    return plan_of(to_object(_compose(str(REPO_ROOT / "conf"), "advise", overrides), AdviseConfig, "", RULES))
-
-
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(3)
-    times_ns = np.round(np.cumsum(rng.exponential(0.15, 60)) * 1e7) * 100  # whole 100 ns ticks
-    prompts, outputs = rng.integers(50, 3000, 60), rng.integers(5, 120, 60)
-    return write_azure(tmp_path_factory.mktemp("twins") / "small.csv", times_ns, prompts, outputs)
+    return write_azure(tmp_path_factory.mktemp("twins") / "small.csv", *small_requests())
 
 
 def searched(plan: Plan, which: list[int]) -> list[Found]:
@@ -133,7 +102,7 @@ def test_twins_take_their_leaders_probes_only_where_those_runs_are_theirs(small_
     """Each larger-slot twin of the current settings gets the capacity, probe verdicts and run at
     today's rate it gets when searched alone; at 256 slots (never reached) every one of its probes
     is its leader's, at 2 slots (reached) some are its own."""
-    plan = plan_for(small_trace, seqs)
+    plan = plan_for(f"trace={small_trace}", *SLO_ARGS, f"current.max_num_seqs={seqs}")
     twins = [
         i for i, c in enumerate(plan.candidates) if c.family == "max_num_seqs" and c.knobs.max_num_seqs > seqs
     ]
@@ -146,7 +115,9 @@ def test_twins_take_their_leaders_probes_only_where_those_runs_are_theirs(small_
         assert [p.passed for p in together[i].probes] == [p.passed for p in alone.probes]
         assert isinstance(together[i].probes[0], TodayProbe)
         expected = at_rate(plan.setups[i], plan.candidates[i], plan.traffic, recorded=False).outcomes
-        got = together[i].today.outcomes
+        today = together[i].today
+        assert today is not None
+        got = today.outcomes
         assert all(
             np.array_equal(getattr(got, k), getattr(expected, k), equal_nan=True)
             for k in ("ttft", "tpot", "stall")
